@@ -1,0 +1,149 @@
+#pragma once
+// Program: an SSA tensor program. Ops are stored in definition order (a topological order); each op's
+// result is the value with the op's index. Inputs are ops of kind `input` with a unique name; outputs are
+// named references to values. An output may update an input ("loop-carried state": new params replace the
+// params of the next step), which sharding uses to give both the same layout.
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "partir/ir/shape_inference.hpp"
+
+namespace partir {
+
+struct Output {
+  std::string name;
+  ValueId value;
+  std::string updates;  // name of the input this output replaces in the next step, "" if none
+  friend bool operator==(const Output&, const Output&) = default;
+};
+
+class Program {
+ public:
+  explicit Program(std::string name = "main") : name_(std::move(name)) {}
+
+  const std::string& name() const { return name_; }
+  const std::vector<Op>& ops() const { return ops_; }
+  const Op& op(ValueId v) const { return ops_.at(static_cast<std::size_t>(v)); }
+  const TensorType& type(ValueId v) const { return op(v).type; }
+  std::int64_t size() const { return static_cast<std::int64_t>(ops_.size()); }
+  const std::vector<Output>& outputs() const { return outputs_; }
+  const std::vector<ValueId>& inputs() const { return inputs_; }
+
+  // Appends an op after inferring (and so checking) its result type.
+  ValueId add(OpKind kind, std::vector<ValueId> operands, Attrs attrs = {}, std::string name = "") {
+    std::vector<TensorType> types;
+    for (auto v : operands) {
+      if (v < 0 || v >= size())
+        user_error(std::string(name_of(kind)) + ": operand %" + std::to_string(v) + " is not defined in program '" +
+                   name_ + "'");
+      types.push_back(type(v));
+    }
+    if (kind == OpKind::input) {
+      if (name.empty()) user_error("input: every input needs a name");
+      if (find_input(name)) user_error("input '" + name + "' is declared twice in program '" + name_ + "'");
+    }
+    TensorType t = infer_type(kind, types, attrs);
+    ops_.push_back(Op{kind, std::move(operands), std::move(attrs), std::move(t), std::move(name)});
+    ValueId id = static_cast<ValueId>(ops_.size() - 1);
+    if (kind == OpKind::input) inputs_.push_back(id);
+    return id;
+  }
+
+  // Appends an op whose type the caller vouches for (transforms that copy checked ops, verifier tests).
+  ValueId add_unchecked(Op op) {
+    ops_.push_back(std::move(op));
+    ValueId id = static_cast<ValueId>(ops_.size() - 1);
+    if (ops_.back().kind == OpKind::input) inputs_.push_back(id);
+    return id;
+  }
+
+  ValueId add_input(const std::string& name, TensorType type, InputKind kind = InputKind::data, Init init = {}) {
+    Attrs a;
+    a.shape = type.shape;
+    a.dtype = type.dtype;
+    a.input_kind = kind;
+    a.init = init;
+    return add(OpKind::input, {}, std::move(a), name);
+  }
+
+  void add_output(const std::string& name, ValueId value, const std::string& updates = "") {
+    if (value < 0 || value >= size()) user_error("output '" + name + "': value %" + std::to_string(value) + " is not defined");
+    for (const auto& o : outputs_)
+      if (o.name == name) user_error("output '" + name + "' is declared twice in program '" + name_ + "'");
+    if (!updates.empty()) {
+      auto in = find_input(updates);
+      if (!in) user_error("output '" + name + "' updates unknown input '" + updates + "'");
+      if (type(*in) != type(value))
+        user_error("output '" + name + "' " + to_string(type(value)) + " cannot update input '" + updates + "' " +
+                   to_string(type(*in)));
+    }
+    outputs_.push_back({name, value, updates});
+  }
+
+  // Names an intermediate so tactics can select it (PartIR's tagged values).
+  void tag(ValueId v, const std::string& name) {
+    auto& o = ops_.at(static_cast<std::size_t>(v));
+    if (o.kind == OpKind::input) user_error("tag '" + name + "': input '" + o.name + "' already has a name");
+    o.name = name;
+  }
+
+  std::optional<ValueId> find_input(const std::string& name) const {
+    for (auto v : inputs_)
+      if (ops_[v].name == name) return v;
+    return std::nullopt;
+  }
+  ValueId input(const std::string& name) const {
+    if (auto v = find_input(name)) return *v;
+    user_error("program '" + name_ + "' has no input named '" + name + "'");
+  }
+  std::optional<ValueId> find_output(const std::string& name) const {
+    for (const auto& o : outputs_)
+      if (o.name == name) return o.value;
+    return std::nullopt;
+  }
+  ValueId output(const std::string& name) const {
+    if (auto v = find_output(name)) return *v;
+    user_error("program '" + name_ + "' has no output named '" + name + "'");
+  }
+  // A value's display name: its input name or tag, else %id.
+  std::string label(ValueId v) const {
+    const auto& n = op(v).name;
+    return n.empty() ? "%" + std::to_string(v) : n;
+  }
+
+  friend bool operator==(const Program&, const Program&) = default;
+
+ private:
+  std::string name_;
+  std::vector<Op> ops_;
+  std::vector<ValueId> inputs_;
+  std::vector<Output> outputs_;
+};
+
+// Number of uses of each value (operands and outputs), the basis of liveness.
+inline std::vector<int> use_counts(const Program& p) {
+  std::vector<int> uses(static_cast<std::size_t>(p.size()), 0);
+  for (const auto& op : p.ops())
+    for (auto v : op.operands) ++uses[v];
+  for (const auto& o : p.outputs()) ++uses[o.value];
+  return uses;
+}
+
+// For each op index, the values whose last use is that op (outputs are never freed; an unused value is
+// freed at its own op).
+inline std::vector<std::vector<ValueId>> last_uses(const Program& p) {
+  std::vector<ValueId> last(static_cast<std::size_t>(p.size()), -1);
+  for (ValueId i = 0; i < p.size(); ++i)
+    for (auto v : p.op(i).operands) last[v] = i;
+  for (const auto& o : p.outputs()) last[o.value] = static_cast<ValueId>(p.size());
+  std::vector<std::vector<ValueId>> frees(static_cast<std::size_t>(p.size()));
+  for (ValueId v = 0; v < p.size(); ++v) {
+    if (last[v] < 0) last[v] = v;  // never used: dead right after it is made
+    if (last[v] < p.size()) frees[last[v]].push_back(v);
+  }
+  return frees;
+}
+
+}  // namespace partir

@@ -1,0 +1,70 @@
+#pragma once
+// Array: a dense, row-major, host-resident tensor value (what programs consume and produce at run time).
+#include <cstring>
+#include <map>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "partir/ir/tensor_type.hpp"
+
+namespace partir {
+
+class Array {
+ public:
+  using Storage = std::variant<std::vector<float>, std::vector<double>, std::vector<std::int32_t>>;
+
+  Array() : Array(TensorType{{}, DType::f32}) {}
+  explicit Array(TensorType type) : type_(std::move(type)) {
+    switch (type_.dtype) {
+      case DType::f32: data_ = std::vector<float>(static_cast<std::size_t>(type_.elements())); break;
+      case DType::f64: data_ = std::vector<double>(static_cast<std::size_t>(type_.elements())); break;
+      case DType::i32: data_ = std::vector<std::int32_t>(static_cast<std::size_t>(type_.elements())); break;
+    }
+  }
+  template <class T>
+  Array(Shape shape, std::vector<T> values) : type_{std::move(shape), dtype_of<T>()}, data_(std::move(values)) {
+    if (static_cast<std::int64_t>(std::get<std::vector<T>>(data_).size()) != type_.elements())
+      user_error("Array: " + std::to_string(std::get<std::vector<T>>(data_).size()) + " values for shape " +
+                 to_string(type_.shape));
+  }
+
+  template <class T>
+  static constexpr DType dtype_of() {
+    if constexpr (std::is_same_v<T, float>) return DType::f32;
+    else if constexpr (std::is_same_v<T, double>) return DType::f64;
+    else return DType::i32;
+  }
+
+  const TensorType& type() const { return type_; }
+  const Shape& shape() const { return type_.shape; }
+  DType dtype() const { return type_.dtype; }
+  std::int64_t size() const { return type_.elements(); }
+  std::int64_t bytes() const { return type_.bytes(); }
+
+  template <class T>
+  std::span<T> data() { return std::get<std::vector<T>>(data_); }
+  template <class T>
+  std::span<const T> data() const { return std::get<std::vector<T>>(data_); }
+  const Storage& storage() const { return data_; }
+  Storage& storage() { return data_; }
+
+  // Element i (row-major) as double, and set from double: for tests, printing and initialization.
+  double at(std::int64_t i) const {
+    return std::visit([i](const auto& v) { return static_cast<double>(v[static_cast<std::size_t>(i)]); }, data_);
+  }
+  void set(std::int64_t i, double x) {
+    std::visit([i, x](auto& v) { v[static_cast<std::size_t>(i)] = static_cast<typename std::decay_t<decltype(v)>::value_type>(x); }, data_);
+  }
+
+  friend bool operator==(const Array&, const Array&) = default;
+
+ private:
+  TensorType type_;
+  Storage data_;
+};
+
+using NamedArrays = std::map<std::string, Array>;
+
+}  // namespace partir
