@@ -9,3 +9,8 @@
 #include "partir/ir/printer.hpp"
 #include "partir/ir/verifier.hpp"
 #include "partir/runtime/array.hpp"
+#include "partir/dsl/tensor.hpp"
+#include "partir/dsl/ops.hpp"
+#include "partir/dsl/functional.hpp"
+#include "partir/dsl/nn.hpp"
+#include "partir/dsl/trace.hpp"

@@ -1,0 +1,285 @@
+#pragma once
+// The DSL's primitive operations: one function per IR op, numpy-style broadcasting for elementwise
+// arithmetic, and operator overloads. Composite functions (softmax, losses...) live in functional.hpp.
+#include <algorithm>
+#include <numeric>
+
+#include "partir/dsl/tensor.hpp"
+
+namespace partir {
+
+namespace detail {
+
+inline Tensor emit(Program& p, OpKind kind, std::vector<ValueId> operands, Attrs attrs = {}) {
+  return {p, p.add(kind, std::move(operands), std::move(attrs))};
+}
+
+inline Program& same_program(const Tensor& a, const Tensor& b, std::string_view op) {
+  if (&a.program() != &b.program())
+    user_error(std::string(op) + ": operands belong to different programs (tensors from two traces were mixed)");
+  return a.program();
+}
+
+inline std::int64_t normalize_dim(std::int64_t d, std::int64_t rank, std::string_view op) {
+  if (d < -rank || d >= rank)
+    user_error(std::string(op) + ": dim " + std::to_string(d) + " is out of range for rank " + std::to_string(rank));
+  return d < 0 ? d + rank : d;
+}
+
+}  // namespace detail
+
+inline Tensor constant(Program& p, double value, Shape shape = {}, DType dtype = DType::f32) {
+  Attrs a;
+  a.literal = {value};
+  a.shape = std::move(shape);
+  a.dtype = dtype;
+  return detail::emit(p, OpKind::constant, {}, std::move(a));
+}
+inline Tensor constant(Program& p, std::vector<double> values, Shape shape, DType dtype = DType::f32) {
+  Attrs a;
+  a.literal = std::move(values);
+  a.shape = std::move(shape);
+  a.dtype = dtype;
+  return detail::emit(p, OpKind::constant, {}, std::move(a));
+}
+// A constant shaped and typed like `like`.
+inline Tensor full_like(const Tensor& like, double value) {
+  Tensor scalar = constant(like.program(), value, {}, like.dtype());
+  if (like.rank() == 0) return scalar;
+  Attrs a;
+  a.shape = like.shape();
+  return detail::emit(like.program(), OpKind::broadcast_in_dim, {scalar.id()}, std::move(a));
+}
+// 0, 1, ..., n-1 along `dim` of `shape`.
+inline Tensor iota(Program& p, Shape shape, std::int64_t dim, DType dtype = DType::f32) {
+  std::vector<double> values(static_cast<std::size_t>(num_elements(shape)));
+  std::int64_t inner = 1;
+  for (std::size_t d = static_cast<std::size_t>(dim) + 1; d < shape.size(); ++d) inner *= shape[d];
+  for (std::size_t i = 0; i < values.size(); ++i)
+    values[i] = static_cast<double>((static_cast<std::int64_t>(i) / inner) % shape.at(static_cast<std::size_t>(dim)));
+  return constant(p, std::move(values), std::move(shape), dtype);
+}
+
+inline Tensor broadcast_in_dim(const Tensor& x, Shape shape, std::vector<std::int64_t> dims) {
+  Attrs a;
+  a.shape = std::move(shape);
+  a.dims = std::move(dims);
+  return detail::emit(x.program(), OpKind::broadcast_in_dim, {x.id()}, std::move(a));
+}
+
+// numpy broadcasting: dims align from the right; a size-1 or missing dim stretches.
+inline Tensor broadcast_to(const Tensor& x, const Shape& shape) {
+  if (x.shape() == shape) return x;
+  const auto r = static_cast<std::int64_t>(shape.size());
+  if (x.rank() > r)
+    user_error("broadcast: cannot broadcast " + to_string(x.type()) + " to " + to_string(shape));
+  std::vector<std::int64_t> dims;
+  for (std::int64_t i = 0; i < x.rank(); ++i) {
+    std::int64_t target = r - x.rank() + i;
+    if (x.dim(i) != 1 && x.dim(i) != shape[target])
+      user_error("broadcast: cannot broadcast " + to_string(x.type()) + " to " + to_string(shape));
+    dims.push_back(target);
+  }
+  return broadcast_in_dim(x, shape, std::move(dims));
+}
+
+inline Shape broadcast_shapes(const Shape& a, const Shape& b, std::string_view op) {
+  Shape out(std::max(a.size(), b.size()));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    std::int64_t da = i < out.size() - a.size() ? 1 : a[i - (out.size() - a.size())];
+    std::int64_t db = i < out.size() - b.size() ? 1 : b[i - (out.size() - b.size())];
+    if (da != db && da != 1 && db != 1)
+      user_error(std::string(op) + ": shapes " + to_string(a) + " and " + to_string(b) + " do not broadcast (dim " +
+                 std::to_string(i) + ": " + std::to_string(da) + " vs " + std::to_string(db) + ")");
+    out[i] = std::max(da, db);
+  }
+  return out;
+}
+
+inline Tensor unary(OpKind kind, const Tensor& x) { return detail::emit(x.program(), kind, {x.id()}); }
+
+inline Tensor binary(OpKind kind, const Tensor& a, const Tensor& b, Attrs attrs = {}) {
+  const auto op = name_of(kind);
+  Program& p = detail::same_program(a, b, op);
+  if (a.dtype() != b.dtype())
+    user_error(std::string(op) + ": dtypes differ: " + to_string(a.type()) + " vs " + to_string(b.type()));
+  Shape s = broadcast_shapes(a.shape(), b.shape(), op);
+  return detail::emit(p, kind, {broadcast_to(a, s).id(), broadcast_to(b, s).id()}, std::move(attrs));
+}
+
+inline Tensor neg(const Tensor& x) { return unary(OpKind::neg, x); }
+inline Tensor exp(const Tensor& x) { return unary(OpKind::exp, x); }
+inline Tensor log(const Tensor& x) { return unary(OpKind::log, x); }
+inline Tensor tanh(const Tensor& x) { return unary(OpKind::tanh, x); }
+inline Tensor sqrt(const Tensor& x) { return unary(OpKind::sqrt, x); }
+inline Tensor rsqrt(const Tensor& x) { return unary(OpKind::rsqrt, x); }
+inline Tensor abs(const Tensor& x) { return unary(OpKind::abs, x); }
+inline Tensor maximum(const Tensor& a, const Tensor& b) { return binary(OpKind::max, a, b); }
+inline Tensor minimum(const Tensor& a, const Tensor& b) { return binary(OpKind::min, a, b); }
+inline Tensor pow(const Tensor& a, const Tensor& b) { return binary(OpKind::pow, a, b); }
+
+inline Tensor compare(const Tensor& a, const Tensor& b, CompareDir dir) {
+  Attrs attrs;
+  attrs.cmp = dir;
+  return binary(OpKind::compare, a, b, std::move(attrs));
+}
+// select(mask, a, b): a where mask != 0, else b; all three broadcast together.
+inline Tensor select(const Tensor& mask, const Tensor& a, const Tensor& b) {
+  detail::same_program(mask, a, "select");
+  Shape s = broadcast_shapes(broadcast_shapes(mask.shape(), a.shape(), "select"), b.shape(), "select");
+  return detail::emit(a.program(), OpKind::select,
+                      {broadcast_to(mask, s).id(), broadcast_to(a, s).id(), broadcast_to(b, s).id()});
+}
+inline Tensor convert(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  Attrs a;
+  a.dtype = dtype;
+  return detail::emit(x.program(), OpKind::convert, {x.id()}, std::move(a));
+}
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return binary(OpKind::add, a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return binary(OpKind::sub, a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return binary(OpKind::mul, a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return binary(OpKind::div, a, b); }
+inline Tensor operator-(const Tensor& x) { return neg(x); }
+#define PARTIR_SCALAR_OPERATOR(op)                                                                              \
+  inline Tensor operator op(const Tensor& a, double b) { return a op constant(a.program(), b, {}, a.dtype()); } \
+  inline Tensor operator op(double a, const Tensor& b) { return constant(b.program(), a, {}, b.dtype()) op b; }
+PARTIR_SCALAR_OPERATOR(+)
+PARTIR_SCALAR_OPERATOR(-)
+PARTIR_SCALAR_OPERATOR(*)
+PARTIR_SCALAR_OPERATOR(/)
+#undef PARTIR_SCALAR_OPERATOR
+
+inline Tensor dot_general(const Tensor& a, const Tensor& b, DotDims dims) {
+  Attrs attrs;
+  attrs.dot = std::move(dims);
+  return detail::emit(detail::same_program(a, b, "dot_general"), OpKind::dot_general, {a.id(), b.id()},
+                      std::move(attrs));
+}
+
+// numpy matmul for rank >= 2: contracts a's last dim with b's second-to-last; a rank-2 b multiplies every
+// leading index of a; otherwise leading dims are batch dims and must agree.
+inline Tensor matmul(const Tensor& a, const Tensor& b) {
+  auto fail = [&](const std::string& why) -> Tensor {
+    user_error("matmul: cannot multiply " + to_string(a.type()) + " by " + to_string(b.type()) + ": " + why);
+  };
+  if (a.rank() < 2 || b.rank() < 2) return fail("both operands need rank >= 2");
+  if (a.dim(-1) != b.dim(-2))
+    return fail("inner dims " + std::to_string(a.dim(-1)) + " and " + std::to_string(b.dim(-2)) + " differ");
+  DotDims d;
+  d.lhs_contract = {a.rank() - 1};
+  d.rhs_contract = {b.rank() - 2};
+  if (b.rank() == 2) return dot_general(a, b, d);
+  if (a.rank() != b.rank()) return fail("batched matmul needs equal ranks");
+  for (std::int64_t i = 0; i < a.rank() - 2; ++i) {
+    if (a.dim(i) != b.dim(i)) return fail("batch dim " + std::to_string(i) + " differs");
+    d.lhs_batch.push_back(i);
+    d.rhs_batch.push_back(i);
+  }
+  return dot_general(a, b, d);
+}
+
+inline std::vector<std::int64_t> normalize_dims(const std::vector<std::int64_t>& dims, std::int64_t rank,
+                                                std::string_view op) {
+  std::vector<std::int64_t> out;
+  for (auto d : dims) out.push_back(detail::normalize_dim(d, rank, op));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+namespace detail {
+inline Tensor reduce(OpKind kind, const Tensor& x, std::vector<std::int64_t> dims, bool keepdims) {
+  if (dims.empty()) {  // all dims
+    dims.resize(static_cast<std::size_t>(x.rank()));
+    std::iota(dims.begin(), dims.end(), 0);
+  }
+  Attrs a;
+  a.dims = normalize_dims(dims, x.rank(), name_of(kind));
+  Tensor r = emit(x.program(), kind, {x.id()}, a);
+  if (!keepdims) return r;
+  Shape kept = x.shape();
+  for (auto d : a.dims) kept[static_cast<std::size_t>(d)] = 1;
+  Attrs reshape;
+  reshape.shape = kept;
+  return emit(x.program(), OpKind::reshape, {r.id()}, std::move(reshape));
+}
+}  // namespace detail
+
+// Reductions over `dims` (empty: all dims; negative dims count from the end).
+inline Tensor sum(const Tensor& x, std::vector<std::int64_t> dims = {}, bool keepdims = false) {
+  return detail::reduce(OpKind::reduce_sum, x, std::move(dims), keepdims);
+}
+inline Tensor max(const Tensor& x, std::vector<std::int64_t> dims = {}, bool keepdims = false) {
+  return detail::reduce(OpKind::reduce_max, x, std::move(dims), keepdims);
+}
+inline Tensor mean(const Tensor& x, std::vector<std::int64_t> dims = {}, bool keepdims = false) {
+  Tensor s = sum(x, dims, keepdims);
+  return s * (static_cast<double>(s.type().elements()) / static_cast<double>(x.type().elements()));
+}
+
+inline Tensor reshape(const Tensor& x, Shape shape) {
+  std::int64_t known = 1, infer = -1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      if (infer >= 0) user_error("reshape: only one dim of " + to_string(shape) + " may be -1");
+      infer = static_cast<std::int64_t>(i);
+    } else {
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0 && known > 0) shape[static_cast<std::size_t>(infer)] = x.type().elements() / known;
+  if (num_elements(shape) != x.type().elements())
+    user_error("reshape: cannot reshape " + to_string(x.type()) + " to " + to_string(shape) + ": element counts differ");
+  if (shape == x.shape()) return x;
+  Attrs a;
+  a.shape = std::move(shape);
+  return detail::emit(x.program(), OpKind::reshape, {x.id()}, std::move(a));
+}
+
+// transpose(x, perm): result dim i is x's dim perm[i]; without perm, reverses the dims.
+inline Tensor transpose(const Tensor& x, std::vector<std::int64_t> perm = {}) {
+  if (perm.empty())
+    for (auto d = x.rank() - 1; d >= 0; --d) perm.push_back(d);
+  Attrs a;
+  a.dims = std::move(perm);
+  return detail::emit(x.program(), OpKind::transpose, {x.id()}, std::move(a));
+}
+
+inline Tensor slice(const Tensor& x, std::vector<std::int64_t> start, std::vector<std::int64_t> limit) {
+  Attrs a;
+  a.lo = std::move(start);
+  a.hi = std::move(limit);
+  return detail::emit(x.program(), OpKind::slice, {x.id()}, std::move(a));
+}
+inline Tensor pad(const Tensor& x, std::vector<std::int64_t> low, std::vector<std::int64_t> high) {
+  Attrs a;
+  a.lo = std::move(low);
+  a.hi = std::move(high);
+  return detail::emit(x.program(), OpKind::pad, {x.id()}, std::move(a));
+}
+inline Tensor concatenate(const std::vector<Tensor>& xs, std::int64_t axis) {
+  if (xs.empty()) user_error("concatenate: needs at least one tensor");
+  std::vector<ValueId> ids;
+  for (const auto& x : xs) {
+    detail::same_program(xs[0], x, "concatenate");
+    ids.push_back(x.id());
+  }
+  Attrs a;
+  a.axis = detail::normalize_dim(axis, xs[0].rank(), "concatenate");
+  return detail::emit(xs[0].program(), OpKind::concatenate, std::move(ids), std::move(a));
+}
+
+// Embedding lookup: rows of table [V, F...] at indices [I...] (i32) -> [I..., F...].
+inline Tensor gather(const Tensor& table, const Tensor& indices) {
+  return detail::emit(detail::same_program(table, indices, "gather"), OpKind::gather, {table.id(), indices.id()});
+}
+// The transpose of gather: adds each row of updates [I..., F...] into row indices[i] of zeros(shape).
+inline Tensor scatter_add(const Tensor& indices, const Tensor& updates, Shape shape) {
+  Attrs a;
+  a.shape = std::move(shape);
+  return detail::emit(detail::same_program(indices, updates, "scatter_add"), OpKind::scatter_add,
+                      {indices.id(), updates.id()}, std::move(a));
+}
+
+}  // namespace partir

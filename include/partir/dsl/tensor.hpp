@@ -1,0 +1,79 @@
+#pragma once
+// Tensor: a cheap handle to a value of the program being traced. Model code calls operators and free
+// functions on Tensors; each call appends an op to the program (the model never names a device or a layout).
+#include <string>
+
+#include "partir/ir/program.hpp"
+
+namespace partir {
+
+class Tensor {
+ public:
+  Tensor(Program& program, ValueId id) : program_(&program), id_(id) {}
+
+  ValueId id() const { return id_; }
+  Program& program() const { return *program_; }
+  const TensorType& type() const { return program_->type(id_); }
+  const Shape& shape() const { return type().shape; }
+  DType dtype() const { return type().dtype; }
+  std::int64_t rank() const { return type().rank(); }
+  // Size of dim d; negative d counts from the end.
+  std::int64_t dim(std::int64_t d) const { return shape().at(static_cast<std::size_t>(d < 0 ? d + rank() : d)); }
+
+ private:
+  Program* program_;
+  ValueId id_;
+};
+
+// The program that input()/param() append to while a function is traced (one per thread).
+class TraceScope {
+ public:
+  explicit TraceScope(Program& p) : previous_(current_slot()) { current_slot() = &p; }
+  ~TraceScope() { current_slot() = previous_; }
+  TraceScope(const TraceScope&) = delete;
+  TraceScope& operator=(const TraceScope&) = delete;
+
+  static Program& current(const std::string& who) {
+    if (!current_slot()) user_error(who + ": called outside partir::trace (no program is being traced)");
+    return *current_slot();
+  }
+
+ private:
+  static Program*& current_slot() {
+    thread_local Program* current = nullptr;
+    return current;
+  }
+  Program* previous_;
+};
+
+// A data input of the traced program.
+inline Tensor input(const std::string& name, Shape shape, DType dtype = DType::f32) {
+  Program& p = TraceScope::current("input '" + name + "'");
+  return {p, p.add_input(name, {std::move(shape), dtype}, InputKind::data)};
+}
+
+// A parameter: declared on first use, shared by later uses of the same name (which must agree on the type).
+inline Tensor param(const std::string& name, Shape shape, Init init, DType dtype = DType::f32,
+                    InputKind kind = InputKind::parameter) {
+  Program& p = TraceScope::current("param '" + name + "'");
+  TensorType t{std::move(shape), dtype};
+  if (auto v = p.find_input(name)) {
+    if (p.type(*v) != t)
+      user_error("param '" + name + "': declared as " + to_string(p.type(*v)) + ", used again as " + to_string(t));
+    return {p, *v};
+  }
+  return {p, p.add_input(name, std::move(t), kind, init)};
+}
+
+inline Init normal_init(double stddev) { return {Init::Kind::normal, stddev}; }
+inline Init uniform_init(double half_width) { return {Init::Kind::uniform, half_width}; }
+inline Init zeros_init() { return {Init::Kind::zeros, 0}; }
+inline Init ones_init() { return {Init::Kind::ones, 0}; }
+
+// Names an intermediate so that tactics can select it by name.
+inline Tensor tag(Tensor t, const std::string& name) {
+  t.program().tag(t.id(), name);
+  return t;
+}
+
+}  // namespace partir
