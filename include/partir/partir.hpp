@@ -14,3 +14,4 @@
 #include "partir/dsl/functional.hpp"
 #include "partir/dsl/nn.hpp"
 #include "partir/dsl/trace.hpp"
+#include "partir/runtime/state.hpp"

@@ -1,0 +1,40 @@
+#pragma once
+// The Communicator concept: what an executor needs from a backend to run one device of an SPMD program.
+// Collectives act on a Group (the devices that vary along some mesh axes, in mesh order) over contiguous
+// buffers; the executor packs non-leading dims. Buffers are raw pointers plus an element count and dtype,
+// so a device-memory backend (NCCL) fits the same signatures.
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "partir/ir/dtype.hpp"
+
+namespace partir {
+
+struct Group {
+  std::vector<int> devices;  // global device ids, in group order
+  int size() const { return static_cast<int>(devices.size()); }
+  int index_of(int device) const {
+    for (int i = 0; i < size(); ++i)
+      if (devices[static_cast<std::size_t>(i)] == device) return i;
+    internal_error("device " + std::to_string(device) + " is not in the group");
+  }
+  friend bool operator==(const Group&, const Group&) = default;
+  friend auto operator<=>(const Group&, const Group&) = default;
+};
+
+// count: elements per device contribution. all_gather/all_to_all/reduce_scatter exchange blocks of count
+// elements; `out` of all_gather and `in` of reduce_scatter/all_to_all hold group.size() blocks.
+template <class C>
+concept Communicator = requires(C c, const Group& g, const void* in, void* out, void* inout, std::int64_t n, DType t) {
+  { c.device() } -> std::convertible_to<int>;
+  { c.num_devices() } -> std::convertible_to<int>;
+  c.all_reduce(g, inout, n, t);
+  c.all_gather(g, in, out, n, t);
+  c.reduce_scatter(g, in, out, n, t);
+  c.all_to_all(g, in, out, n, t);
+  c.barrier();
+};
+
+}  // namespace partir

@@ -1,0 +1,554 @@
+#pragma once
+// Single-device CPU kernels: one per op kind, on row-major Arrays, through Eigen/Core maps of their buffers
+// (no Eigen Tensor module: it would add seconds of compile time to every translation unit).
+// Float math is instantiated for f32 and f64 only; ops that move, compare or sum data also take i32.
+// Every layout op (broadcast, transpose, slice, pad, concatenate) is one strided copy, and dot_general is
+// a loop of Eigen GEMMs on in-place maps wherever the operand layout allows it.
+#include <Eigen/Core>
+
+#include <algorithm>
+#include <array>
+#include <limits>
+#include <span>
+#include <string>
+
+#include "partir/ir/op.hpp"
+#include "partir/runtime/array.hpp"
+
+namespace partir {
+
+namespace kernels {
+
+using Strides = std::vector<std::int64_t>;
+
+inline Strides row_major_strides(const Shape& shape) {
+  Strides s(shape.size(), 1);
+  for (std::size_t d = shape.size(); d-- > 1;) s[d - 1] = s[d] * shape[d];
+  return s;
+}
+
+template <class T> const T* ptr(const Array& a) { return a.data<T>().data(); }
+template <class T> T* ptr(Array& a) { return a.data<T>().data(); }
+
+template <class T> using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
+template <class T> Eigen::Map<const Vec<T>> vec(const Array& a) { return {ptr<T>(a), a.size()}; }
+template <class T> Eigen::Map<Vec<T>> vec(Array& a) { return {ptr<T>(a), a.size()}; }
+
+// Calls f(T{}) with the element type of t.
+template <class F> decltype(auto) visit_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: return f(float{});
+    case DType::f64: return f(double{});
+    case DType::i32: return f(std::int32_t{});
+  }
+  internal_error("unknown dtype");
+}
+
+// As visit_dtype, for kernels that exist only for floats (GEMM and transcendental math are not built for i32).
+template <class F> decltype(auto) visit_float_dtype(DType t, OpKind op, F&& f) {
+  if (t == DType::f32) return f(float{});
+  if (t == DType::f64) return f(double{});
+  user_error(std::string(name_of(op)) + ": i32 operands are not supported, convert them to f32 or f64 first");
+}
+
+// Visits every index of `shape` in row-major order and passes body the index's offset in each of N strided
+// buffers.
+template <std::size_t N, class F>
+void for_each_index(const Shape& shape, const std::array<Strides, N>& strides, F&& body) {
+  if (num_elements(shape) == 0) return;
+  std::vector<std::int64_t> index(shape.size(), 0);
+  std::array<std::int64_t, N> offset{};
+  for (;;) {
+    body(offset);
+    for (std::size_t d = shape.size();;) {
+      if (d == 0) return;
+      --d;
+      if (++index[d] < shape[d]) {
+        for (std::size_t k = 0; k < N; ++k) offset[k] += strides[k][d];
+        break;
+      }
+      index[d] = 0;
+      for (std::size_t k = 0; k < N; ++k) offset[k] -= strides[k][d] * (shape[d] - 1);
+    }
+  }
+}
+
+// Drops size-1 dims and fuses neighbours that are contiguous in every buffer, so that loops run over few,
+// long dims (a broadcast row, a whole slice).
+template <std::size_t N>
+void simplify(Shape& shape, std::array<Strides, N>& strides) {
+  Shape fused;
+  std::array<Strides, N> fused_strides;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    bool contiguous = !fused.empty();
+    for (std::size_t k = 0; k < N; ++k)
+      contiguous = contiguous && fused_strides[k].back() == strides[k][d] * shape[d];
+    if (contiguous) fused.back() *= shape[d];
+    else fused.push_back(shape[d]);
+    for (std::size_t k = 0; k < N; ++k) {
+      if (contiguous) fused_strides[k].back() = strides[k][d];
+      else fused_strides[k].push_back(strides[k][d]);
+    }
+  }
+  shape = std::move(fused);
+  strides = std::move(fused_strides);
+}
+
+// dst[i] = src[i] for every index i of `shape`, each side with its own element strides. Transpose and slice
+// read strided, pad and concatenate write strided, broadcast reads with stride 0.
+template <class T>
+void strided_copy(Shape shape, const T* src, Strides src_strides, T* dst, Strides dst_strides) {
+  if (num_elements(shape) == 0) return;
+  std::array<Strides, 2> strides{std::move(src_strides), std::move(dst_strides)};
+  simplify(shape, strides);
+  if (shape.empty()) {
+    *dst = *src;
+    return;
+  }
+  const std::size_t inner = shape.size() - 1;
+  const std::int64_t n = shape[inner], src_step = strides[0][inner], dst_step = strides[1][inner];
+  if (dst_step == 1 && src_step > 1) {
+    // A transpose: the source is contiguous along another dim k. Copy square tiles so that the cache lines
+    // of both sides are used fully.
+    const auto k = static_cast<std::size_t>(std::find(strides[0].begin(), strides[0].end(), 1) - strides[0].begin());
+    if (k < inner) {
+      constexpr std::int64_t tile = 32;
+      const std::int64_t nk = shape[k], dst_k = strides[1][k];
+      Shape outer;
+      std::array<Strides, 2> outer_strides;
+      for (std::size_t d = 0; d < inner; ++d) {
+        if (d == k) continue;
+        outer.push_back(shape[d]);
+        for (std::size_t s = 0; s < 2; ++s) outer_strides[s].push_back(strides[s][d]);
+      }
+      for_each_index<2>(outer, outer_strides, [&](const auto& off) {
+        const T* from = src + off[0];
+        T* to = dst + off[1];
+        for (std::int64_t k0 = 0; k0 < nk; k0 += tile)
+          for (std::int64_t i0 = 0; i0 < n; i0 += tile)
+            for (std::int64_t j = k0; j < std::min(k0 + tile, nk); ++j)
+              for (std::int64_t i = i0; i < std::min(i0 + tile, n); ++i) to[j * dst_k + i] = from[i * src_step + j];
+      });
+      return;
+    }
+  }
+  shape.pop_back();
+  strides[0].pop_back();
+  strides[1].pop_back();
+  for_each_index<2>(shape, strides, [&](const auto& off) {
+    const T* from = src + off[0];
+    T* to = dst + off[1];
+    if (src_step == 1 && dst_step == 1) std::copy_n(from, n, to);
+    else if (src_step == 0 && dst_step == 1) std::fill_n(to, n, *from);
+    else
+      for (std::int64_t i = 0; i < n; ++i) to[i * dst_step] = from[i * src_step];
+  });
+}
+
+template <class T>
+void broadcast_in_dim(const Array& x, const Attrs& a, Array& out) {
+  const Strides xs = row_major_strides(x.shape());
+  Strides src(a.shape.size(), 0);  // new dims and expanded size-1 dims re-read the same elements
+  for (std::size_t i = 0; i < a.dims.size(); ++i)
+    if (x.shape()[i] != 1) src[a.dims[i]] = xs[i];
+  strided_copy(a.shape, ptr<T>(x), src, ptr<T>(out), row_major_strides(a.shape));
+}
+
+template <class T>
+void transpose(const Array& x, const Attrs& a, Array& out) {
+  const Strides xs = row_major_strides(x.shape());
+  Strides src;
+  for (auto d : a.dims) src.push_back(xs[d]);
+  strided_copy(out.shape(), ptr<T>(x), src, ptr<T>(out), row_major_strides(out.shape()));
+}
+
+template <class T>
+void slice(const Array& x, const Attrs& a, Array& out) {
+  const Strides xs = row_major_strides(x.shape());
+  std::int64_t start = 0;
+  for (std::size_t d = 0; d < xs.size(); ++d) start += a.lo[d] * xs[d];
+  strided_copy(out.shape(), ptr<T>(x) + start, xs, ptr<T>(out), row_major_strides(out.shape()));
+}
+
+// out arrives zero-filled, which is the padding.
+template <class T>
+void pad(const Array& x, const Attrs& a, Array& out) {
+  const Strides os = row_major_strides(out.shape());
+  std::int64_t start = 0;
+  for (std::size_t d = 0; d < os.size(); ++d) start += a.lo[d] * os[d];
+  strided_copy(x.shape(), ptr<T>(x), row_major_strides(x.shape()), ptr<T>(out) + start, os);
+}
+
+template <class T>
+void concatenate(std::span<const Array* const> parts, std::int64_t axis, Array& out) {
+  const Strides os = row_major_strides(out.shape());
+  std::int64_t at = 0;
+  for (const Array* part : parts) {
+    strided_copy(part->shape(), ptr<T>(*part), row_major_strides(part->shape()), ptr<T>(out) + at * os[axis], os);
+    at += part->shape()[axis];
+  }
+}
+
+inline std::int64_t checked_row(std::int32_t index, std::int64_t rows, OpKind op, const TensorType& table) {
+  if (index < 0 || index >= rows)
+    user_error(std::string(name_of(op)) + ": index " + std::to_string(index) + " is out of range [0, " +
+               std::to_string(rows) + ") of " + (op == OpKind::gather ? "table " : "result ") + to_string(table));
+  return index;
+}
+
+// table [V, F...], indices [I...] -> [I..., F...]
+template <class T>
+void gather(const Array& table, const Array& indices, Array& out) {
+  const std::int64_t rows = table.shape()[0], row = num_elements(Shape(table.shape().begin() + 1, table.shape().end()));
+  const auto index = indices.data<std::int32_t>();
+  for (std::size_t i = 0; i < index.size(); ++i) {
+    const auto r = checked_row(index[i], rows, OpKind::gather, table.type());
+    std::copy_n(ptr<T>(table) + r * row, row, ptr<T>(out) + static_cast<std::int64_t>(i) * row);
+  }
+}
+
+// indices [I...], updates [I..., F...] -> [V, F...]; out arrives zero-filled.
+template <class T>
+void scatter_add(const Array& indices, const Array& updates, Array& out) {
+  const std::int64_t rows = out.shape()[0], row = num_elements(Shape(out.shape().begin() + 1, out.shape().end()));
+  const auto index = indices.data<std::int32_t>();
+  for (std::size_t i = 0; i < index.size(); ++i) {
+    const auto r = checked_row(index[i], rows, OpKind::scatter_add, out.type());
+    Eigen::Map<Vec<T>>(ptr<T>(out) + r * row, row) +=
+        Eigen::Map<const Vec<T>>(ptr<T>(updates) + static_cast<std::int64_t>(i) * row, row);
+  }
+}
+
+// Walks the input once in memory order. After fusing dims, the innermost run is either reduced (one
+// vectorized sum/max per run) or kept (added as a vector into the output row), which covers both
+// "reduce the last dims" and "reduce the leading dims" without strided inner loops.
+template <class T, bool take_max>
+void reduce(const Array& x, const std::vector<std::int64_t>& dims, Array& out) {
+  const T identity = !take_max                              ? T(0)
+                     : std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
+                                                            : std::numeric_limits<T>::lowest();
+  vec<T>(out).setConstant(identity);
+  if (x.size() == 0) return;
+  Shape shape = x.shape();
+  const Strides os = row_major_strides(out.shape());
+  std::array<Strides, 2> strides{row_major_strides(shape), Strides(shape.size(), 0)};  // reduced dims: 0
+  for (std::size_t d = 0, kept = 0; d < shape.size(); ++d)
+    if (std::find(dims.begin(), dims.end(), static_cast<std::int64_t>(d)) == dims.end()) strides[1][d] = os[kept++];
+  simplify(shape, strides);
+  if (shape.empty()) {
+    ptr<T>(out)[0] = ptr<T>(x)[0];
+    return;
+  }
+  const std::int64_t n = shape.back();
+  const bool reduce_run = strides[1].back() == 0;
+  shape.pop_back();
+  strides[0].pop_back();
+  strides[1].pop_back();
+  const T* src = ptr<T>(x);
+  T* dst = ptr<T>(out);
+  for_each_index<2>(shape, strides, [&](const auto& off) {
+    Eigen::Map<const Vec<T>> run(src + off[0], n);
+    if (reduce_run) {
+      T& acc = dst[off[1]];
+      acc = take_max ? std::max(acc, run.maxCoeff()) : acc + run.sum();
+    } else {
+      Eigen::Map<Vec<T>> acc(dst + off[1], n);
+      if constexpr (take_max) acc = acc.max(run);
+      else acc += run;
+    }
+  });
+}
+
+// dot_general as a loop of GEMMs. Per batch index each operand is a matrix over two groups of dims (lhs:
+// free x contracting, rhs: contracting x free). Eigen maps it in place when one group is contiguous and
+// the other advances by one stride (row- or column-major with an outer stride); batch dims may sit
+// anywhere, as they only move the base pointer. An operand that fits neither way is first transposed
+// into [batch..., group 0..., group 1...].
+struct DimGroup {
+  std::int64_t size = 1;
+  std::int64_t stride = 0;  // of the group's innermost non-unit dim
+  bool uniform = true;      // the dims fuse into one dim of `stride`
+  bool contiguous() const { return uniform && (size <= 1 || stride == 1); }
+};
+
+struct MatrixLayout {
+  bool fits = false;
+  bool row_major = true;
+  std::int64_t rows = 0, cols = 0, outer_stride = 1;
+};
+
+struct OperandPlan {
+  std::vector<std::int64_t> batch, rows, cols;  // dims of each group, in order
+  bool transpose = false;                       // copy into [batch..., rows..., cols...] first
+  MatrixLayout matrix;
+  Strides batch_strides;  // element strides of the batch dims in the (possibly transposed) data
+};
+
+struct DotPlan {
+  OperandPlan lhs, rhs;
+};
+
+inline DimGroup dim_group(const Shape& shape, const Strides& strides, const std::vector<std::int64_t>& dims) {
+  DimGroup g;
+  bool first = true;
+  for (auto d : dims) {
+    g.size *= shape[d];
+    if (shape[d] == 1) continue;
+    if (!first && g.stride != strides[d] * shape[d]) g.uniform = false;
+    g.stride = strides[d];
+    first = false;
+  }
+  return g;
+}
+
+inline MatrixLayout matrix_layout(const DimGroup& rows, const DimGroup& cols) {
+  MatrixLayout m{false, true, rows.size, cols.size, 1};
+  if (cols.contiguous() && rows.uniform) {
+    m = {true, true, rows.size, cols.size, rows.size <= 1 ? std::max<std::int64_t>(cols.size, 1) : rows.stride};
+  } else if (rows.contiguous() && cols.uniform) {
+    m = {true, false, rows.size, cols.size, cols.size <= 1 ? std::max<std::int64_t>(rows.size, 1) : cols.stride};
+  }
+  return m;
+}
+
+inline OperandPlan plan_operand(const Shape& shape, std::vector<std::int64_t> batch, std::vector<std::int64_t> rows,
+                                std::vector<std::int64_t> cols) {
+  const Strides strides = row_major_strides(shape);
+  OperandPlan p{std::move(batch), std::move(rows), std::move(cols), false, {}, {}};
+  p.matrix = matrix_layout(dim_group(shape, strides, p.rows), dim_group(shape, strides, p.cols));
+  if (p.matrix.fits) {
+    for (auto d : p.batch) p.batch_strides.push_back(strides[d]);
+    return p;
+  }
+  p.transpose = true;
+  p.matrix = {true, true, p.matrix.rows, p.matrix.cols, std::max<std::int64_t>(p.matrix.cols, 1)};
+  Shape batch_shape;
+  for (auto d : p.batch) batch_shape.push_back(shape[d]);
+  p.batch_strides = row_major_strides(batch_shape);
+  for (auto& s : p.batch_strides) s *= p.matrix.rows * p.matrix.cols;
+  return p;
+}
+
+// The contracting dims may be paired in any order; a group can only be mapped in place in memory order,
+// so try ascending lhs order and ascending rhs order and keep the plan that copies fewer elements.
+inline DotPlan plan_dot(const Shape& lhs, const Shape& rhs, const DotDims& d) {
+  auto free_dims = [](const Shape& shape, const std::vector<std::int64_t>& batch, const std::vector<std::int64_t>& contract) {
+    std::vector<std::int64_t> free;
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(shape.size()); ++i)
+      if (std::find(batch.begin(), batch.end(), i) == batch.end() &&
+          std::find(contract.begin(), contract.end(), i) == contract.end())
+        free.push_back(i);
+    return free;
+  };
+  const auto lhs_free = free_dims(lhs, d.lhs_batch, d.lhs_contract);
+  const auto rhs_free = free_dims(rhs, d.rhs_batch, d.rhs_contract);
+  auto plan_for = [&](bool by_lhs) {
+    std::vector<std::size_t> order(d.lhs_contract.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    const auto& key = by_lhs ? d.lhs_contract : d.rhs_contract;
+    std::sort(order.begin(), order.end(), [&](auto a, auto b) { return key[a] < key[b]; });
+    std::vector<std::int64_t> lc, rc;
+    for (auto i : order) {
+      lc.push_back(d.lhs_contract[i]);
+      rc.push_back(d.rhs_contract[i]);
+    }
+    return DotPlan{plan_operand(lhs, d.lhs_batch, lhs_free, lc), plan_operand(rhs, d.rhs_batch, rc, rhs_free)};
+  };
+  auto copied = [&](const DotPlan& p) {
+    return (p.lhs.transpose ? num_elements(lhs) : 0) + (p.rhs.transpose ? num_elements(rhs) : 0);
+  };
+  DotPlan by_lhs = plan_for(true), by_rhs = plan_for(false);
+  return copied(by_rhs) < copied(by_lhs) ? by_rhs : by_lhs;
+}
+
+// The operand's data in its plan's layout: the Array itself, or a transposed copy in scratch.
+template <class T>
+const T* operand_data(const Array& x, const OperandPlan& p, std::vector<T>& scratch) {
+  if (!p.transpose) return ptr<T>(x);
+  const Strides xs = row_major_strides(x.shape());
+  Shape shape;
+  Strides src;
+  for (const auto* group : {&p.batch, &p.rows, &p.cols})
+    for (auto d : *group) {
+      shape.push_back(x.shape()[d]);
+      src.push_back(xs[d]);
+    }
+  scratch.resize(static_cast<std::size_t>(x.size()));
+  strided_copy(shape, ptr<T>(x), src, scratch.data(), row_major_strides(shape));
+  return scratch.data();
+}
+
+template <class T, int Order>
+using MatrixMap =
+    Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, Eigen::Unaligned, Eigen::OuterStride<>>;
+
+template <class T, int LhsOrder, int RhsOrder>
+void batched_gemm(const Shape& batch, const T* lhs, const OperandPlan& l, const T* rhs, const OperandPlan& r, T* out) {
+  const MatrixLayout &a = l.matrix, &b = r.matrix;
+  Strides out_strides = row_major_strides(batch);
+  for (auto& s : out_strides) s *= a.rows * b.cols;
+  for_each_index<3>(batch, {l.batch_strides, r.batch_strides, out_strides}, [&](const auto& off) {
+    MatrixMap<T, LhsOrder> lm(lhs + off[0], a.rows, a.cols, Eigen::OuterStride<>(a.outer_stride));
+    MatrixMap<T, RhsOrder> rm(rhs + off[1], b.rows, b.cols, Eigen::OuterStride<>(b.outer_stride));
+    Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> om(out + off[2], a.rows, b.cols);
+    om.noalias() = lm * rm;
+  });
+}
+
+template <class T>
+void dot_general(const Array& lhs, const Array& rhs, const DotDims& d, Array& out) {
+  const DotPlan plan = plan_dot(lhs.shape(), rhs.shape(), d);
+  std::vector<T> lhs_scratch, rhs_scratch;
+  const T* l = operand_data(lhs, plan.lhs, lhs_scratch);
+  const T* r = operand_data(rhs, plan.rhs, rhs_scratch);
+  Shape batch;
+  for (auto b : d.lhs_batch) batch.push_back(lhs.shape()[b]);
+  const bool lrow = plan.lhs.matrix.row_major, rrow = plan.rhs.matrix.row_major;
+  constexpr int R = Eigen::RowMajor, C = Eigen::ColMajor;
+  if (lrow && rrow) batched_gemm<T, R, R>(batch, l, plan.lhs, r, plan.rhs, ptr<T>(out));
+  else if (lrow) batched_gemm<T, R, C>(batch, l, plan.lhs, r, plan.rhs, ptr<T>(out));
+  else if (rrow) batched_gemm<T, C, R>(batch, l, plan.lhs, r, plan.rhs, ptr<T>(out));
+  else batched_gemm<T, C, C>(batch, l, plan.lhs, r, plan.rhs, ptr<T>(out));
+}
+
+template <class T>
+void unary(OpKind kind, const Array& x, Array& out) {
+  auto a = vec<T>(x);
+  auto r = vec<T>(out);
+  switch (kind) {
+    case OpKind::neg: r = -a; break;
+    case OpKind::exp: r = a.exp(); break;
+    case OpKind::log: r = a.log(); break;
+    case OpKind::tanh: r = a.tanh(); break;
+    case OpKind::rsqrt: r = a.rsqrt(); break;
+    case OpKind::sqrt: r = a.sqrt(); break;
+    case OpKind::abs: r = a.abs(); break;
+    default: internal_error("unary kernel called for " + std::string(name_of(kind)));
+  }
+}
+
+template <class T>
+void binary(OpKind kind, const Array& x, const Array& y, Array& out) {
+  auto a = vec<T>(x), b = vec<T>(y);
+  auto r = vec<T>(out);
+  switch (kind) {
+    case OpKind::add: r = a + b; break;
+    case OpKind::sub: r = a - b; break;
+    case OpKind::mul: r = a * b; break;
+    case OpKind::div: r = a / b; break;
+    case OpKind::max: r = a.max(b); break;
+    case OpKind::min: r = a.min(b); break;
+    case OpKind::pow: r = a.pow(b); break;
+    default: internal_error("binary kernel called for " + std::string(name_of(kind)));
+  }
+}
+
+// The mask is 1/0 in the operands' own type.
+template <class T>
+void compare(CompareDir dir, const Array& x, const Array& y, Array& out) {
+  auto a = vec<T>(x), b = vec<T>(y);
+  auto r = vec<T>(out);
+  switch (dir) {
+    case CompareDir::eq: r = (a == b).template cast<T>(); break;
+    case CompareDir::ne: r = (a != b).template cast<T>(); break;
+    case CompareDir::lt: r = (a < b).template cast<T>(); break;
+    case CompareDir::le: r = (a <= b).template cast<T>(); break;
+    case CompareDir::gt: r = (a > b).template cast<T>(); break;
+    case CompareDir::ge: r = (a >= b).template cast<T>(); break;
+  }
+}
+
+inline Array constant(const Op& op) {
+  Array out(op.type);
+  const auto& literal = op.attrs.literal;
+  visit_dtype(op.type.dtype, [&](auto t) {
+    using T = decltype(t);
+    auto r = vec<T>(out);
+    if (literal.size() == 1) r.setConstant(static_cast<T>(literal[0]));
+    else
+      for (std::int64_t i = 0; i < r.size(); ++i) r[i] = static_cast<T>(literal[static_cast<std::size_t>(i)]);
+  });
+  return out;
+}
+
+}  // namespace kernels
+
+// Computes one op from its operand values. Inputs have no kernel: whoever runs the program binds them.
+// Float to i32 conversion truncates toward zero.
+inline Array eval(const Op& op, std::span<const Array* const> operands) {
+  using K = OpKind;
+  namespace k = kernels;
+  if (op.kind == K::input) internal_error("eval: input '" + op.name + "' has no kernel; the caller binds inputs");
+  if (op.kind == K::constant) return k::constant(op);
+  if (op.kind == K::reshape)  // row-major: the same elements in the same order
+    return std::visit([&](const auto& v) { return Array(op.type.shape, v); }, operands[0]->storage());
+  Array out(op.type);
+  const Array& x = *operands[0];
+  const auto& a = op.attrs;
+  auto each_type = [&](auto&& f) { k::visit_dtype(x.dtype(), f); };
+  switch (op.kind) {
+    case K::neg: case K::exp: case K::log: case K::tanh: case K::rsqrt: case K::sqrt: case K::abs:
+      k::visit_float_dtype(x.dtype(), op.kind, [&](auto t) { k::unary<decltype(t)>(op.kind, x, out); });
+      break;
+    case K::add: case K::sub: case K::mul: case K::div: case K::max: case K::min: case K::pow:
+      k::visit_float_dtype(x.dtype(), op.kind,
+                           [&](auto t) { k::binary<decltype(t)>(op.kind, x, *operands[1], out); });
+      break;
+    case K::compare:
+      each_type([&](auto t) { k::compare<decltype(t)>(a.cmp, x, *operands[1], out); });
+      break;
+    case K::select:
+      k::visit_dtype(out.dtype(), [&](auto t) {
+        using T = decltype(t);
+        each_type([&](auto m) {
+          using M = decltype(m);
+          k::vec<T>(out) = (k::vec<M>(x) != M(0)).select(k::vec<T>(*operands[1]), k::vec<T>(*operands[2]));
+        });
+      });
+      break;
+    case K::convert:
+      each_type([&](auto from) {
+        k::visit_dtype(out.dtype(), [&](auto to) {
+          k::vec<decltype(to)>(out) = k::vec<decltype(from)>(x).template cast<decltype(to)>();
+        });
+      });
+      break;
+    case K::dot_general:
+      k::visit_float_dtype(x.dtype(), op.kind,
+                           [&](auto t) { k::dot_general<decltype(t)>(x, *operands[1], a.dot, out); });
+      break;
+    case K::reduce_sum:
+      each_type([&](auto t) { k::reduce<decltype(t), false>(x, a.dims, out); });
+      break;
+    case K::reduce_max:
+      each_type([&](auto t) { k::reduce<decltype(t), true>(x, a.dims, out); });
+      break;
+    case K::broadcast_in_dim:
+      each_type([&](auto t) { k::broadcast_in_dim<decltype(t)>(x, a, out); });
+      break;
+    case K::transpose:
+      each_type([&](auto t) { k::transpose<decltype(t)>(x, a, out); });
+      break;
+    case K::slice:
+      each_type([&](auto t) { k::slice<decltype(t)>(x, a, out); });
+      break;
+    case K::pad:
+      each_type([&](auto t) { k::pad<decltype(t)>(x, a, out); });
+      break;
+    case K::concatenate:
+      each_type([&](auto t) { k::concatenate<decltype(t)>(operands, a.axis, out); });
+      break;
+    case K::gather:
+      each_type([&](auto t) { k::gather<decltype(t)>(x, *operands[1], out); });
+      break;
+    case K::scatter_add:
+      k::visit_dtype(out.dtype(), [&](auto t) { k::scatter_add<decltype(t)>(x, *operands[1], out); });
+      break;
+    case K::input: case K::constant: case K::reshape: case K::count_:
+      internal_error("eval: unexpected op kind");
+  }
+  return out;
+}
+
+}  // namespace partir

@@ -1,0 +1,119 @@
+#pragma once
+// The MPI backend: one rank per device; each group gets a sub-communicator from MPI_Comm_split, made the
+// first time it is used. SPMD programs issue the same collectives in the same order on every rank, so every
+// rank reaches the (collective) split of its own group together with the others.
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1  // the deprecated C++ bindings: not used, and they do not compile warning-free
+#endif
+#include <mpi.h>
+
+#include <climits>
+#include <map>
+
+#include "partir/runtime/communicator.hpp"
+
+namespace partir::mpi {
+
+inline void check(int code, const char* call) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(code, text, &length);
+  throw UserError(std::string("mpi backend: ") + call + " failed: " + std::string(text, static_cast<std::size_t>(length)));
+}
+
+inline MPI_Datatype datatype(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i32: return MPI_INT32_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+inline int count(std::int64_t n) {
+  if (n > INT_MAX) user_error("mpi backend: a message of " + std::to_string(n) + " elements exceeds MPI's int count");
+  return static_cast<int>(n);
+}
+
+// MPI_Init / MPI_Finalize for the process; errors come back as codes (turned into exceptions), not aborts.
+class Session {
+ public:
+  Session(int& argc, char**& argv) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      int provided = 0;
+      check(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+      owns_ = true;
+    }
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+  }
+  ~Session() {
+    if (owns_) MPI_Finalize();
+  }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  bool owns_ = false;
+  int rank_ = 0, size_ = 1;
+};
+
+class Communicator {
+ public:
+  Communicator() {
+    MPI_Comm_rank(MPI_COMM_WORLD, &device_);
+    MPI_Comm_size(MPI_COMM_WORLD, &devices_);
+  }
+  ~Communicator() {
+    for (auto& [key, comm] : comms_) MPI_Comm_free(&comm);
+  }
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int device() const { return device_; }
+  int num_devices() const { return devices_; }
+
+  void all_reduce(const Group& g, void* data, std::int64_t n, DType t) {
+    check(MPI_Allreduce(MPI_IN_PLACE, data, count(n), datatype(t), MPI_SUM, comm(g)), "MPI_Allreduce");
+  }
+  void all_gather(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
+    check(MPI_Allgather(in, count(n), datatype(t), out, count(n), datatype(t), comm(g)), "MPI_Allgather");
+  }
+  void reduce_scatter(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
+    check(MPI_Reduce_scatter_block(in, out, count(n), datatype(t), MPI_SUM, comm(g)), "MPI_Reduce_scatter_block");
+  }
+  void all_to_all(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
+    check(MPI_Alltoall(in, count(n), datatype(t), out, count(n), datatype(t), comm(g)), "MPI_Alltoall");
+  }
+  void barrier() { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+
+ private:
+  MPI_Comm comm(const Group& g) {
+    if (is_world(g)) return MPI_COMM_WORLD;
+    auto it = comms_.find(g.devices);
+    if (it != comms_.end()) return it->second;
+    MPI_Comm c;
+    // color: the group's first device (unique per group); key: position in the group.
+    check(MPI_Comm_split(MPI_COMM_WORLD, g.devices.front(), g.index_of(device_), &c), "MPI_Comm_split");
+    MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
+    return comms_[g.devices] = c;
+  }
+
+  bool is_world(const Group& g) const {
+    if (g.size() != devices_) return false;
+    for (int i = 0; i < devices_; ++i)
+      if (g.devices[static_cast<std::size_t>(i)] != i) return false;
+    return true;
+  }
+
+  int device_ = 0, devices_ = 1;
+  std::map<std::vector<int>, MPI_Comm> comms_;
+};
+
+}  // namespace partir::mpi

@@ -1,0 +1,186 @@
+#pragma once
+// The threads backend: N devices as N threads of one process exchanging data through shared memory.
+// Every member of a group reduces in group order, so all members get bitwise-identical results.
+#include <condition_variable>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "partir/runtime/communicator.hpp"
+
+namespace partir::threads {
+
+// Shared state of the N device threads: one rendezvous per group, reused collective after collective.
+class World {
+ public:
+  explicit World(int devices) : devices_(devices) {
+    if (devices < 1) user_error("threads::World: needs at least 1 device, got " + std::to_string(devices));
+  }
+  int size() const { return devices_; }
+
+  // Publishes this member's pointers, waits for the whole group, runs fn on all members' pointers, then
+  // waits again so no member reuses its buffers while a peer still reads them.
+  void exchange(const Group& g, int member, const void* in, void* out,
+                const std::function<void(const std::vector<const void*>&, const std::vector<void*>&)>& fn) {
+    Rendezvous& r = rendezvous(g);
+    std::unique_lock lock(r.mutex);
+    r.ins[static_cast<std::size_t>(member)] = in;
+    r.outs[static_cast<std::size_t>(member)] = out;
+    arrive(r, lock);
+    if (aborted_) throw UserError("threads backend: another device failed; abandoning collective");
+    auto ins = r.ins;
+    auto outs = r.outs;
+    lock.unlock();
+    fn(ins, outs);
+    lock.lock();
+    arrive(r, lock);
+    if (aborted_) throw UserError("threads backend: another device failed; abandoning collective");
+  }
+
+  // Wakes every waiting device with an error so one failing thread cannot hang the others.
+  void abort() {
+    std::lock_guard guard(table_mutex_);
+    aborted_ = true;
+    for (auto& [key, r] : groups_) {
+      std::lock_guard lock(r.mutex);
+      r.cv.notify_all();
+    }
+  }
+
+ private:
+  struct Rendezvous {
+    std::mutex mutex;
+    std::condition_variable cv;
+    int arrived = 0;
+    std::uint64_t generation = 0;
+    std::vector<const void*> ins;
+    std::vector<void*> outs;
+  };
+
+  Rendezvous& rendezvous(const Group& g) {
+    std::lock_guard guard(table_mutex_);
+    auto [it, fresh] = groups_.try_emplace(g.devices);
+    if (fresh) {
+      it->second.ins.resize(g.devices.size());
+      it->second.outs.resize(g.devices.size());
+    }
+    return it->second;
+  }
+
+  void arrive(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
+    const auto generation = r.generation;
+    if (++r.arrived == static_cast<int>(r.ins.size())) {
+      r.arrived = 0;
+      ++r.generation;
+      r.cv.notify_all();
+      return;
+    }
+    r.cv.wait(lock, [&] { return r.generation != generation || aborted_; });
+  }
+
+  int devices_;
+  std::mutex table_mutex_;
+  std::map<std::vector<int>, Rendezvous> groups_;  // std::map: node addresses stay valid
+  std::atomic<bool> aborted_ = false;
+};
+
+class Communicator {
+ public:
+  Communicator(World& world, int device) : world_(&world), device_(device) {}
+  int device() const { return device_; }
+  int num_devices() const { return world_->size(); }
+
+  void all_reduce(const Group& g, void* data, std::int64_t n, DType t) {
+    const int me = g.index_of(device_);
+    std::vector<std::byte> sum(static_cast<std::size_t>(n * size_of(t)));
+    world_->exchange(g, me, data, data, [&](const auto& ins, const auto&) {
+      reduce_blocks(ins, 0, sum.data(), n, t);
+    });
+    std::memcpy(data, sum.data(), sum.size());
+  }
+  void all_gather(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
+    const auto bytes = static_cast<std::size_t>(n * size_of(t));
+    world_->exchange(g, g.index_of(device_), in, out, [&](const auto& ins, const auto&) {
+      for (std::size_t i = 0; i < ins.size(); ++i) std::memcpy(static_cast<std::byte*>(out) + i * bytes, ins[i], bytes);
+    });
+  }
+  void reduce_scatter(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
+    const int me = g.index_of(device_);
+    world_->exchange(g, me, in, out, [&](const auto& ins, const auto&) {
+      reduce_blocks(ins, static_cast<std::size_t>(me * n * size_of(t)), out, n, t);
+    });
+  }
+  void all_to_all(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
+    const int me = g.index_of(device_);
+    const auto bytes = static_cast<std::size_t>(n * size_of(t));
+    world_->exchange(g, me, in, out, [&](const auto& ins, const auto&) {
+      for (std::size_t i = 0; i < ins.size(); ++i)
+        std::memcpy(static_cast<std::byte*>(out) + i * bytes,
+                    static_cast<const std::byte*>(ins[i]) + static_cast<std::size_t>(me) * bytes, bytes);
+    });
+  }
+  void barrier() {
+    Group all;
+    for (int d = 0; d < world_->size(); ++d) all.devices.push_back(d);
+    world_->exchange(all, device_, nullptr, nullptr, [](const auto&, const auto&) {});
+  }
+
+ private:
+  // out = sum over members of their block at byte offset `offset`, in member order.
+  static void reduce_blocks(const std::vector<const void*>& ins, std::size_t offset, void* out, std::int64_t n,
+                            DType t) {
+    auto run = [&](auto zero) {
+      using T = decltype(zero);
+      T* o = static_cast<T*>(out);
+      std::vector<T> acc(static_cast<std::size_t>(n));
+      for (const void* in : ins) {
+        const T* b = reinterpret_cast<const T*>(static_cast<const std::byte*>(in) + offset);
+        for (std::int64_t i = 0; i < n; ++i) acc[static_cast<std::size_t>(i)] += b[i];
+      }
+      std::memcpy(o, acc.data(), acc.size() * sizeof(T));
+    };
+    switch (t) {
+      case DType::f32: run(0.f); break;
+      case DType::f64: run(0.0); break;
+      case DType::i32: run(std::int32_t{0}); break;
+    }
+  }
+
+  World* world_;
+  int device_;
+};
+
+// Runs fn(communicator) on `devices` threads and rethrows the first failure after every thread has ended.
+template <class Fn>
+void run(int devices, Fn&& fn) {
+  World world(devices);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(devices));
+  std::vector<std::thread> pool;
+  for (int d = 0; d < devices; ++d)
+    pool.emplace_back([&, d] {
+      try {
+        Communicator c(world, d);
+        fn(c);
+      } catch (...) {
+        errors[static_cast<std::size_t>(d)] = std::current_exception();
+        world.abort();
+      }
+    });
+  for (auto& t : pool) t.join();
+  // The first device's own error is the cause; later ones are usually "another device failed".
+  for (auto& e : errors)
+    if (e) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const UserError& u) {
+        if (std::string(u.what()).find("another device failed") == std::string::npos) throw;
+      }
+    }
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace partir::threads

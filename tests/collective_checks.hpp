@@ -1,0 +1,65 @@
+#pragma once
+// Checks every collective of a Communicator against values computed locally, on a 2x2 device grid
+// (groups: rows, columns, all). Shared by the threads test and the mpirun test so both backends are held
+// to the same expectations. Returns the number of wrong elements.
+#include <partir/runtime/communicator.hpp>
+
+#include <vector>
+
+namespace collective_checks {
+
+// Device d's contribution, element i: distinct per device and element, exact in float.
+inline float value(int device, std::int64_t i) { return static_cast<float>(device * 1000 + i % 997); }
+
+template <class C>
+long check_all(C& c) {
+  using partir::DType;
+  using partir::Group;
+  const int me = c.device();
+  const int row = me / 2, col = me % 2;
+  const std::vector<Group> groups = {Group{{row * 2, row * 2 + 1}}, Group{{col, col + 2}}, Group{{0, 1, 2, 3}}};
+  long wrong = 0;
+  for (std::int64_t n : {1, 7, 1000, 100000}) {
+    for (const Group& g : groups) {
+      const int k = g.size();
+      std::vector<float> mine(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) mine[i] = value(me, i);
+
+      std::vector<float> reduced = mine;
+      c.all_reduce(g, reduced.data(), n, DType::f32);
+      for (std::int64_t i = 0; i < n; ++i) {
+        float expect = 0;
+        for (int d : g.devices) expect += value(d, i);
+        wrong += reduced[i] != expect;
+      }
+
+      std::vector<float> gathered(static_cast<std::size_t>(n * k));
+      c.all_gather(g, mine.data(), gathered.data(), n, DType::f32);
+      for (int b = 0; b < k; ++b)
+        for (std::int64_t i = 0; i < n; ++i) wrong += gathered[b * n + i] != value(g.devices[b], i);
+
+      // reduce_scatter and all_to_all: device d's block b holds value(d, b * n + i)
+      std::vector<float> blocks(static_cast<std::size_t>(n * k)), out(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n * k; ++i) blocks[i] = value(me, i);
+      c.reduce_scatter(g, blocks.data(), out.data(), n, DType::f32);
+      const int pos = g.index_of(me);
+      for (std::int64_t i = 0; i < n; ++i) {
+        float expect = 0;
+        for (int d : g.devices) expect += value(d, pos * n + i);
+        wrong += out[i] != expect;
+      }
+
+      std::vector<float> exchanged(static_cast<std::size_t>(n * k));
+      c.all_to_all(g, blocks.data(), exchanged.data(), n, DType::f32);
+      for (int b = 0; b < k; ++b)
+        for (std::int64_t i = 0; i < n; ++i) wrong += exchanged[b * n + i] != value(g.devices[b], pos * n + i);
+    }
+  }
+  std::vector<double> d64 = {1.5 * me};
+  c.all_reduce(Group{{0, 1, 2, 3}}, d64.data(), 1, DType::f64);
+  wrong += d64[0] != 1.5 * 6;
+  c.barrier();
+  return wrong;
+}
+
+}  // namespace collective_checks

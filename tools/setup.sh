@@ -1,0 +1,23 @@
+#!/bin/sh
+# Installs what partir needs on Debian 12 (when missing) and configures the Meson build in ./build.
+# usage: tools/setup.sh [extra meson options...]
+set -eu
+cd "$(dirname "$0")/.."
+packages="g++ meson ninja-build pkg-config cmake libeigen3-dev libopenmpi-dev openmpi-bin doctest-dev libopenblas-dev python3"
+missing=""
+for p in $packages; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  echo "setup: installing$missing"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+if [ -d build ]; then
+  meson setup --reconfigure build "$@" >/dev/null
+else
+  meson setup build "$@" >/dev/null
+fi
+echo "setup: build/ configured"
