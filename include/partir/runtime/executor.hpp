@@ -1,0 +1,190 @@
+#pragma once
+// Runs one device's share of an SpmdProgram: local ops on the Eigen kernels, collectives through any
+// Communicator backend, buffers freed by liveness; records peak bytes and the time of every collective.
+#include <chrono>
+
+#include "partir/runtime/communicator.hpp"
+#include "partir/runtime/kernels.hpp"
+#include "partir/runtime/layout.hpp"
+#include "partir/runtime/threads.hpp"
+#include "partir/spmd/spmd_program.hpp"
+
+namespace partir {
+
+struct ExecuteOptions {
+  bool global_inputs = true;   // inputs are global arrays (each device takes its piece), else local pieces
+  bool global_outputs = true;  // outputs are gathered to global arrays on every device, else local pieces
+};
+
+struct DeviceResult {
+  NamedArrays outputs;
+  std::int64_t peak_bytes = 0;              // counted as by interpret(): inputs resident throughout
+  std::vector<double> collective_seconds;   // one per entry of SpmdProgram::collectives()
+};
+
+namespace detail {
+
+inline Group group_of(const Mesh& mesh, std::int64_t device, const AxisList& axes) {
+  Group g;
+  for (auto d : mesh.group(device, axes)) g.devices.push_back(static_cast<int>(d));
+  return g;
+}
+
+template <Communicator C>
+Array run_collective(const Collective& c, const Array& in, const TensorType& result, const Mesh& mesh, C& comm) {
+  const std::int64_t device = comm.device();
+  const Group group = group_of(mesh, device, c.axes);
+  const std::int64_t k = group.size();
+  Array out(result);
+  switch (c.kind) {
+    case CollectiveKind::all_slice:
+      return layout::tile(in, c.dim, k, mesh.position(device, c.axes));
+    case CollectiveKind::all_reduce:
+      out = in;
+      comm.all_reduce(group, layout::bytes(out), out.size(), out.dtype());
+      return out;
+    case CollectiveKind::all_gather: {
+      std::vector<std::byte> blocks(static_cast<std::size_t>(out.bytes()));
+      comm.all_gather(group, layout::bytes(in), blocks.data(), in.size(), in.dtype());
+      layout::unpack(blocks.data(), c.dim, k, out);
+      return out;
+    }
+    case CollectiveKind::reduce_scatter: {
+      std::vector<std::byte> packed(static_cast<std::size_t>(in.bytes()));
+      layout::pack(in, c.dim, k, packed.data());
+      comm.reduce_scatter(group, packed.data(), layout::bytes(out), out.size(), out.dtype());
+      return out;
+    }
+    case CollectiveKind::all_to_all: {
+      std::vector<std::byte> sent(static_cast<std::size_t>(in.bytes())), received(sent.size());
+      layout::pack(in, c.to_dim, k, sent.data());
+      comm.all_to_all(group, sent.data(), received.data(), in.size() / k, in.dtype());
+      layout::unpack(received.data(), c.dim, k, out);
+      return out;
+    }
+  }
+  internal_error("unknown collective");
+}
+
+// gather / scatter_add over a table whose rows are tiled: only rows this device holds take part.
+inline Array row_sharded(const SpmdOp& s, std::span<const Array* const> in, std::int64_t first_row) {
+  const bool is_gather = s.op.kind == OpKind::gather;
+  const Array& indices = *in[is_gather ? 1 : 0];
+  const Array& rows_in = *in[is_gather ? 0 : 1];
+  Array out(s.op.type);  // zeros
+  const auto table_rows = (is_gather ? rows_in.shape() : out.shape()).at(0);
+  const auto row_elems = (is_gather ? rows_in.size() : out.size()) / std::max<std::int64_t>(table_rows, 1);
+  auto idx = indices.data<std::int32_t>();
+  kernels::visit_dtype(out.dtype(), [&](auto t) {
+    using T = decltype(t);
+    auto src = rows_in.data<T>();
+    auto dst = out.data<T>();
+    for (std::size_t i = 0; i < idx.size(); ++i) {
+      const std::int64_t r = idx[i] - first_row;
+      if (r < 0 || r >= table_rows) continue;
+      for (std::int64_t e = 0; e < row_elems; ++e) {
+        if (is_gather) dst[i * row_elems + e] = src[r * row_elems + e];
+        else dst[r * row_elems + e] += src[i * row_elems + e];
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace detail
+
+template <Communicator C>
+DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, ExecuteOptions options = {}) {
+  const Mesh& mesh = p.mesh();
+  const std::string where = "execute " + p.name() + " (device " + std::to_string(comm.device()) + ")";
+  if (mesh.num_devices() != comm.num_devices())
+    user_error(where + ": mesh " + mesh.to_string() + " has " + std::to_string(mesh.num_devices()) +
+               " devices but the communicator has " + std::to_string(comm.num_devices()));
+  for (const auto& [name, array] : inputs) {
+    bool known = false;
+    for (const auto& b : p.inputs()) known |= b.name == name;
+    if (!known) user_error(where + ": no input named '" + name + "'");
+  }
+
+  const auto n = static_cast<std::size_t>(p.size());
+  std::vector<std::optional<Array>> values(n);
+  DeviceResult result;
+  std::int64_t resident = 0;
+  for (const auto& b : p.inputs()) {
+    auto it = inputs.find(b.name);
+    if (it == inputs.end()) user_error(where + ": missing input '" + b.name + "'");
+    const TensorType& expect = options.global_inputs ? b.global : p.type(b.value);
+    if (it->second.type() != expect)
+      user_error(where + ": input '" + b.name + "' expects " + to_string(expect) +
+                 (options.global_inputs ? "" : " (local piece)") + ", got " + to_string(it->second.type()));
+    values[static_cast<std::size_t>(b.value)] =
+        options.global_inputs ? layout::shard(it->second, b.sharding, mesh, comm.device()) : it->second;
+    resident += expect.bytes();
+  }
+  std::int64_t peak = resident;
+  const auto frees = p.last_uses();
+  std::vector<const Array*> operands;
+  for (ValueId v = 0; v < p.size(); ++v) {
+    const SpmdOp& s = p.op(v);
+    auto& slot = values[static_cast<std::size_t>(v)];
+    if (s.op.kind == OpKind::input && !s.collective) {
+      if (!slot) internal_error(where + ": input %" + std::to_string(v) + " has no binding");
+    } else {
+      operands.clear();
+      for (auto o : s.op.operands) operands.push_back(&*values[static_cast<std::size_t>(o)]);
+      try {
+        if (s.collective) {
+          auto t0 = std::chrono::steady_clock::now();
+          slot = detail::run_collective(*s.collective, *operands[0], s.op.type, mesh, comm);
+          result.collective_seconds.push_back(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        } else if (!s.row_shard.empty()) {
+          const auto rows = (s.op.kind == OpKind::gather ? operands[0]->shape() : s.op.type.shape).at(0);
+          slot = detail::row_sharded(s, operands, mesh.position(comm.device(), s.row_shard) * rows);
+        } else {
+          slot = eval(s.op, operands);
+        }
+      } catch (const UserError& e) {
+        user_error(where + ": %" + std::to_string(v) + ": " + e.what());
+      }
+      resident += slot->bytes();
+      peak = std::max(peak, resident);
+    }
+    for (auto dead : frees[static_cast<std::size_t>(v)]) {
+      const bool is_input = p.op(dead).op.kind == OpKind::input && !p.op(dead).collective;
+      if (is_input) continue;  // inputs stay resident (parameters and state live across steps)
+      resident -= values[static_cast<std::size_t>(dead)]->bytes();
+      values[static_cast<std::size_t>(dead)].reset();
+    }
+  }
+  result.peak_bytes = peak;
+
+  for (const auto& b : p.outputs()) {
+    Array piece = *values[static_cast<std::size_t>(b.value)];
+    if (options.global_outputs) {
+      Shape shape = piece.shape();
+      if (!b.sharding.partial.empty())
+        piece = detail::run_collective({CollectiveKind::all_reduce, b.sharding.partial}, piece, piece.type(), mesh, comm);
+      for (std::size_t d = 0; d < b.sharding.dims.size(); ++d) {
+        if (b.sharding.dims[d].empty()) continue;
+        shape[d] = b.global.shape[d];
+        piece = detail::run_collective({CollectiveKind::all_gather, b.sharding.dims[d], static_cast<std::int64_t>(d)},
+                                       piece, TensorType{shape, piece.dtype()}, mesh, comm);
+      }
+    }
+    result.outputs[b.name] = std::move(piece);
+  }
+  return result;
+}
+
+// Runs the program on mesh.num_devices() threads of this process; returns each device's result.
+inline std::vector<DeviceResult> execute_on_threads(const SpmdProgram& p, const NamedArrays& inputs,
+                                                    ExecuteOptions options = {}) {
+  std::vector<DeviceResult> results(static_cast<std::size_t>(p.mesh().num_devices()));
+  threads::run(static_cast<int>(p.mesh().num_devices()), [&](threads::Communicator& c) {
+    results[static_cast<std::size_t>(c.device())] = execute(p, c, inputs, options);
+  });
+  return results;
+}
+
+}  // namespace partir
