@@ -1,0 +1,341 @@
+#pragma once
+// lower(partitioned) -> SpmdProgram. Each op runs on the tiles its result's sharding implies: the result's
+// axes fix how its factors are tiled (the op's rule in sharding/rules.hpp), partial-sum axes come from tiled
+// reduction factors or from operands the op is linear in, and every operand is resharded to what those
+// factors require. Resharding an operand, in this order:
+//   1. partial sums no longer wanted: reduce_scatter where the same axes are to tile a dim, else all_reduce;
+//   2. axes to add that are free on the value: all_slice (local, and it shrinks what follows);
+//   3. axes to remove (the minor end of a dim): all_gather, fused with a following all_slice of the same
+//      axis on another dim into one all_to_all;
+//   4. the remaining axes to add: all_slice.
+// A partial sum stays partial through a linear op only if that op is its one use; a partial sum with several
+// uses is reduced once where it is made (a gradient feeding Adam's m and v is all-reduced once, not twice).
+// Reshards are cached per (value, layout), so two uses wanting the same layout share one collective.
+// Where the result's sharding cannot be computed locally (an axis straddling a reshape's factors, a tiled
+// dim a slice or concatenate changes), the op runs with those axes replicated and later uses reshard.
+#include <map>
+
+#include "partir/sharding/partitioned.hpp"
+#include "partir/sharding/rules.hpp"
+#include "partir/spmd/spmd_program.hpp"
+
+namespace partir {
+
+namespace detail {
+
+class Lowering {
+ public:
+  explicit Lowering(const Partitioned& plan)
+      : plan_(plan), prog_(plan.program()), mesh_(plan.mesh()), out_(prog_.name(), mesh_),
+        local_(static_cast<std::size_t>(prog_.size()), -1), uses_(use_counts(prog_)),
+        users_(static_cast<std::size_t>(prog_.size())) {
+    for (ValueId v = 0; v < prog_.size(); ++v)
+      for (auto o : prog_.op(v).operands) users_[static_cast<std::size_t>(o)].push_back(v);
+  }
+
+  SpmdProgram run() {
+    for (ValueId v = 0; v < prog_.size(); ++v) lower_op(v);
+    for (const auto& o : prog_.outputs()) {
+      Sharding target = layout_of(local_[static_cast<std::size_t>(o.value)]);
+      target.partial.clear();  // outputs are whole values: resolve partial sums
+      if (!o.updates.empty()) target = layout_of(local_[static_cast<std::size_t>(prog_.input(o.updates))]);
+      const auto v = reshard(o.value, target, "output '" + o.name + "'");
+      out_.add_output({o.name, v, prog_.type(o.value), target, o.updates});
+    }
+    return std::move(out_);
+  }
+
+ private:
+  const Sharding& layout_of(ValueId spmd_value) const { return layouts_.at(static_cast<std::size_t>(spmd_value)); }
+
+  ValueId emit(Op op, Sharding layout, std::optional<Collective> c = std::nullopt, AxisList row_shard = {}) {
+    layouts_.push_back(std::move(layout));
+    return out_.add({std::move(op), std::move(c), std::move(row_shard)});
+  }
+
+  std::string axis_origin(ValueId v, const std::string& axis) const {
+    const int a = mesh_.find_axis(axis);
+    for (const auto& p : plan_.provenance(v))
+      if (p.axis == a && p.tactic >= 0) return "'" + axis + "' from " + plan_.state().tactic_label(p.tactic);
+    return "'" + axis + "'";
+  }
+
+  // Why `value` had to change from `from` to `to` at `site`: quoted by every collective of the reshard.
+  std::string reason(ValueId value, const Sharding& from, const Sharding& to, const std::string& site) const {
+    const TensorType& t = prog_.type(value);
+    std::string s = site + " needs " + prog_.label(value) + " as " + to_string(t, to) + ", has " + to_string(t, from);
+    AxisList changed = from.partial;
+    for (std::size_t d = 0; d < from.dims.size(); ++d)
+      for (const auto& a : from.dims[d])
+        if (to.dim_of(a) != static_cast<std::int64_t>(d)) changed.push_back(a);
+    for (std::size_t d = 0; d < to.dims.size(); ++d)
+      for (const auto& a : to.dims[d])
+        if (from.dim_of(a) != static_cast<std::int64_t>(d) && !from.is_partial(a)) changed.push_back(a);
+    std::string origins;
+    for (const auto& a : changed)
+      if (origins.find("'" + a + "'") == std::string::npos) origins += (origins.empty() ? "" : ", ") + axis_origin(value, a);
+    for (const auto& c : plan_.conflicts())
+      if (c.wanted.value == value || c.existing.value == value) origins += (origins.empty() ? "" : "; ") + std::string("conflict: ") + c.message;
+    return origins.empty() ? s : s + " (" + origins + ")";
+  }
+
+  // One collective step on the chain that reshards a value; `layout` is the result's.
+  ValueId step(ValueId x, const TensorType& global, Collective c, Sharding layout) {
+    Op op{OpKind::input, {x}, {}, {local_shape(global, layout, mesh_), global.dtype}, ""};
+    return emit(std::move(op), std::move(layout), std::move(c));
+  }
+
+  ValueId reshard(ValueId value, const Sharding& to, const std::string& site) {
+    const ValueId start = local_[static_cast<std::size_t>(value)];
+    Sharding cur = layout_of(start);
+    if (cur == to) return start;
+    const std::string key = std::to_string(value) + " " + to_string(to);
+    if (auto it = reshards_.find(key); it != reshards_.end()) return it->second;
+    for (const auto& p : to.partial)
+      if (!cur.is_partial(p))
+        internal_error("lower: " + site + " wants " + prog_.label(value) + " partial over '" + p + "' but it is not");
+
+    const TensorType& global = prog_.type(value);
+    const std::string why = reason(value, cur, to, site);
+    ValueId x = start;
+    auto prefix = [](const AxisList& a, const AxisList& b) {  // a is a prefix of b
+      return a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin());
+    };
+    // 1. partial sums: fuse with a slice that adds the same axes next on some dim
+    AxisList reduce;
+    for (const auto& p : cur.partial)
+      if (!to.is_partial(p)) reduce.push_back(p);
+    for (std::size_t d = 0; d < to.dims.size() && !reduce.empty(); ++d) {
+      if (!prefix(cur.dims[d], to.dims[d])) continue;
+      AxisList scatter;
+      for (auto i = cur.dims[d].size(); i < to.dims[d].size(); ++i) {
+        auto it = std::find(reduce.begin(), reduce.end(), to.dims[d][i]);
+        if (it == reduce.end()) break;
+        scatter.push_back(*it);
+      }
+      if (scatter.empty()) continue;
+      for (const auto& a : scatter) {
+        reduce.erase(std::find(reduce.begin(), reduce.end(), a));
+        cur.partial.erase(std::find(cur.partial.begin(), cur.partial.end(), a));
+        cur.dims[d].push_back(a);
+      }
+      x = step(x, global, {CollectiveKind::reduce_scatter, scatter, static_cast<std::int64_t>(d), -1, why}, cur);
+    }
+    if (!reduce.empty()) {
+      for (const auto& a : reduce) cur.partial.erase(std::find(cur.partial.begin(), cur.partial.end(), a));
+      x = step(x, global, {CollectiveKind::all_reduce, reduce, -1, -1, why}, cur);
+    }
+    // 2. slices of axes the value does not use yet
+    for (std::size_t d = 0; d < to.dims.size(); ++d) {
+      if (!prefix(cur.dims[d], to.dims[d])) continue;
+      AxisList add;
+      for (auto i = cur.dims[d].size(); i < to.dims[d].size() && !cur.uses(to.dims[d][i]); ++i) add.push_back(to.dims[d][i]);
+      if (add.empty()) continue;
+      cur.dims[d].insert(cur.dims[d].end(), add.begin(), add.end());
+      x = step(x, global, {CollectiveKind::all_slice, add, static_cast<std::int64_t>(d), -1, why}, cur);
+    }
+    // 3. gathers; a lone axis that moves to another dim goes there by all_to_all
+    for (std::size_t d = 0; d < cur.dims.size(); ++d) {
+      std::size_t keep = 0;
+      while (keep < cur.dims[d].size() && keep < to.dims[d].size() && cur.dims[d][keep] == to.dims[d][keep]) ++keep;
+      if (keep == cur.dims[d].size()) continue;
+      AxisList removed(cur.dims[d].begin() + static_cast<std::ptrdiff_t>(keep), cur.dims[d].end());
+      cur.dims[d].resize(keep);
+      const std::int64_t target = removed.size() == 1 ? to.dim_of(removed[0]) : -1;
+      const bool moves = target >= 0 && static_cast<std::size_t>(target) != d &&
+                         prefix(cur.dims[static_cast<std::size_t>(target)], to.dims[static_cast<std::size_t>(target)]) &&
+                         to.dims[static_cast<std::size_t>(target)].size() > cur.dims[static_cast<std::size_t>(target)].size() &&
+                         to.dims[static_cast<std::size_t>(target)][cur.dims[static_cast<std::size_t>(target)].size()] == removed[0];
+      if (moves) {
+        cur.dims[static_cast<std::size_t>(target)].push_back(removed[0]);
+        x = step(x, global, {CollectiveKind::all_to_all, removed, static_cast<std::int64_t>(d), target, why}, cur);
+      } else {
+        x = step(x, global, {CollectiveKind::all_gather, removed, static_cast<std::int64_t>(d), -1, why}, cur);
+      }
+    }
+    // 4. the remaining slices
+    for (std::size_t d = 0; d < to.dims.size(); ++d) {
+      if (cur.dims[d].size() == to.dims[d].size()) continue;
+      AxisList add(to.dims[d].begin() + static_cast<std::ptrdiff_t>(cur.dims[d].size()), to.dims[d].end());
+      cur.dims[d] = to.dims[d];
+      x = step(x, global, {CollectiveKind::all_slice, add, static_cast<std::int64_t>(d), -1, why}, cur);
+    }
+    if (!(cur == to)) internal_error("lower: reshard of " + prog_.label(value) + " ended at " + to_string(cur));
+    reshards_[key] = x;
+    return x;
+  }
+
+  // The axes of result dim d assigned to each of its factors, major to minor; nullopt if an axis straddles.
+  std::optional<std::vector<AxisList>> split(const AxisList& axes, const DimFactors& factors, const OpRule& r) const {
+    std::vector<std::int64_t> room;
+    for (int f : factors) room.push_back(r.factors[static_cast<std::size_t>(f)].size);
+    std::vector<AxisList> out(factors.size());
+    std::size_t k = 0;
+    for (const auto& a : axes) {
+      while (k + 1 < room.size() && room[k] == 1) ++k;
+      const auto size = mesh_.axis_size(a);
+      if (room.empty() || room[k] % size != 0) return std::nullopt;
+      room[k] /= size;
+      out[k].push_back(a);
+    }
+    return out;
+  }
+
+  // The partial sum over p ends at elementwise op v. If an elementwise user tiles a dim on p, v is computed
+  // on those tiles too: its partial operands are then reduce-scattered rather than all-reduced and sliced.
+  void place_resolved(ValueId v, const std::string& p, const OpRule& rule, Sharding& got,
+                      std::vector<AxisList>& factor_axes) const {
+    const TensorType& type = prog_.type(v);
+    for (ValueId u : users_[static_cast<std::size_t>(v)]) {
+      if (!is_elementwise(prog_.op(u).kind)) continue;
+      const auto d = plan_.sharding(u).dim_of(p);
+      if (d < 0 || got.dims[static_cast<std::size_t>(d)].size() + 1 != plan_.sharding(u).dims[static_cast<std::size_t>(d)].size() ||
+          rule.result[static_cast<std::size_t>(d)].size() != 1)
+        continue;
+      AxisList axes = got.dims[static_cast<std::size_t>(d)];
+      axes.push_back(p);
+      if (axes != plan_.sharding(u).dims[static_cast<std::size_t>(d)] || got.uses(p) ||
+          type.shape[static_cast<std::size_t>(d)] % tile_count(axes, mesh_) != 0)
+        continue;
+      got.dims[static_cast<std::size_t>(d)] = axes;
+      factor_axes[static_cast<std::size_t>(rule.result[static_cast<std::size_t>(d)][0])].push_back(p);
+      return;
+    }
+  }
+
+  void lower_op(ValueId v) {
+    const Op& op = prog_.op(v);
+    const TensorType& type = op.type;
+    Sharding want = plan_.sharding(v);
+    auto& slot = local_[static_cast<std::size_t>(v)];
+    if (op.kind == OpKind::input) {
+      want.partial.clear();  // an input is a whole value
+      Op local = op;
+      local.type.shape = local_shape(type, want, mesh_);
+      slot = emit(std::move(local), want);
+      out_.add_input({op.name, slot, type, want, ""});
+      return;
+    }
+    if (op.kind == OpKind::constant) {
+      want.partial.clear();
+      const bool splat = op.attrs.literal.size() == 1;
+      Op local = op;
+      if (splat) local.type.shape = local.attrs.shape = local_shape(type, want, mesh_);
+      slot = emit(std::move(local), splat ? want : Sharding::replicated(type.rank()));
+      if (!splat) slot = reshard(v, want, "%" + std::to_string(v) + " constant");
+      return;
+    }
+
+    const OpRule rule = plan_.state().rule(v);
+    std::vector<AxisList> factor_axes(rule.factors.size());
+    Sharding got = Sharding::replicated(type.rank());  // what the local op will compute
+    // Result factors present in no operand can be tiled only where each tile is computed alike (a
+    // broadcast's new dims) or by row ownership (scatter_add's table rows); elsewhere they stay whole.
+    auto in_operand = [&](int f) {
+      for (std::size_t i = 0; i < rule.operands.size(); ++i)
+        if (rule.operand_dim(i, f) >= 0) return true;
+      return false;
+    };
+    AxisList row_shard;
+    for (std::size_t d = 0; d < want.dims.size(); ++d) {
+      const auto& factors = rule.result[d];
+      auto parts = split(want.dims[d], factors, rule);
+      if (!parts) continue;
+      bool local_ok = true;
+      for (std::size_t k = 0; k < factors.size(); ++k)
+        if (!(*parts)[k].empty() && !in_operand(factors[k]))
+          local_ok = local_ok && (op.kind == OpKind::broadcast_in_dim || (op.kind == OpKind::scatter_add && d == 0));
+      if (!local_ok) continue;
+      for (std::size_t k = 0; k < factors.size(); ++k) factor_axes[static_cast<std::size_t>(factors[k])] = (*parts)[k];
+      got.dims[d] = want.dims[d];
+      if (op.kind == OpKind::scatter_add && d == 0) row_shard = want.dims[d];
+    }
+
+    // Partial sums: carried through a linear op, or made by a tiled reduction factor.
+    std::vector<Sharding> have;
+    for (auto o : op.operands) have.push_back(layout_of(local_[static_cast<std::size_t>(o)]));
+    std::vector<AxisList> operand_partial(op.operands.size());
+    for (const auto& p : want.partial) {
+      // sum: every linear operand partial over p; product: exactly one, and it linear; the rest clear of p
+      std::vector<std::size_t> partial_linear;
+      bool others_clear = true;
+      std::size_t linear_count = 0;
+      for (std::size_t i = 0; i < have.size(); ++i) {
+        const bool linear = i < rule.linear.size() && rule.linear[i];
+        linear_count += linear;
+        // A partial sum with other uses is reduced once at the source instead of in every use.
+        if (linear && have[i].is_partial(p) && uses_[static_cast<std::size_t>(op.operands[i])] == 1)
+          partial_linear.push_back(i);
+        else if (have[i].uses(p)) others_clear = false;
+      }
+      const bool carried = others_clear && !partial_linear.empty() &&
+                           ((rule.partial == PartialRule::sum && partial_linear.size() == linear_count) ||
+                            (rule.partial == PartialRule::product && partial_linear.size() == 1));
+      if (carried) {
+        for (auto i : partial_linear) operand_partial[i].push_back(p);
+        got.partial.push_back(p);
+        continue;
+      }
+      for (std::size_t f = 0; f < rule.factors.size(); ++f) {
+        if (rule.factors[f].kind != FactorKind::reduction) continue;
+        bool tiled = false;
+        for (std::size_t i = 0; i < have.size(); ++i) {
+          const auto e = rule.operand_dim(i, static_cast<int>(f));
+          if (e >= 0) tiled = tiled || std::count(have[i].dims[static_cast<std::size_t>(e)].begin(),
+                                                  have[i].dims[static_cast<std::size_t>(e)].end(), p) > 0;
+        }
+        if (!tiled) continue;
+        factor_axes[f].push_back(p);
+        got.partial.push_back(p);
+        if (op.kind == OpKind::gather) row_shard.push_back(p);
+        break;
+      }
+      if (!got.is_partial(p) && is_elementwise(op.kind)) place_resolved(v, p, rule, got, factor_axes);
+    }
+    // Operand layouts the factors require; partial axes in mesh order, as Sharding keeps them.
+    std::vector<ValueId> operands;
+    for (std::size_t i = 0; i < op.operands.size(); ++i) {
+      Sharding need = Sharding::replicated(prog_.type(op.operands[i]).rank());
+      for (std::size_t e = 0; e < need.dims.size(); ++e)
+        for (int f : rule.operands[i][e]) {
+          const auto& axes = factor_axes[static_cast<std::size_t>(f)];
+          need.dims[e].insert(need.dims[e].end(), axes.begin(), axes.end());
+        }
+      for (const auto& a : have[i].partial)
+        if (std::count(operand_partial[i].begin(), operand_partial[i].end(), a)) need.partial.push_back(a);
+      const std::string site = "%" + std::to_string(v) + " " + std::string(name_of(op.kind)) + " operand " + std::to_string(i);
+      operands.push_back(reshard(op.operands[i], need, site));
+    }
+    std::sort(got.partial.begin(), got.partial.end(),
+              [&](const auto& a, const auto& b) { return mesh_.axis_index(a) < mesh_.axis_index(b); });
+
+    Op local = op;
+    local.operands = operands;
+    local.type.shape = local_shape(type, got, mesh_);
+    if (op.kind == OpKind::broadcast_in_dim || op.kind == OpKind::reshape || op.kind == OpKind::scatter_add)
+      local.attrs.shape = local.type.shape;
+    std::vector<TensorType> operand_types;
+    for (auto o : operands) operand_types.push_back(out_.type(o));
+    const TensorType inferred = infer_type(local.kind, operand_types, local.attrs);
+    if (inferred != local.type)
+      internal_error("lower: local " + std::string(name_of(op.kind)) + " %" + std::to_string(v) + " infers " +
+                     to_string(inferred) + " but its layout " + to_string(type, got) + " gives " + to_string(local.type));
+    slot = emit(std::move(local), got, std::nullopt, std::move(row_shard));
+  }
+
+  const Partitioned& plan_;
+  const Program& prog_;
+  const Mesh& mesh_;
+  SpmdProgram out_;
+  std::vector<ValueId> local_;     // global value -> the SPMD value holding its layout as lowered
+  std::vector<Sharding> layouts_;  // per SPMD value
+  std::map<std::string, ValueId> reshards_;
+  std::vector<int> uses_;  // of each global value
+  std::vector<std::vector<ValueId>> users_;
+};
+
+}  // namespace detail
+
+inline SpmdProgram lower(const Partitioned& plan) { return detail::Lowering(plan).run(); }
+
+}  // namespace partir
