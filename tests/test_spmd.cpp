@@ -168,12 +168,6 @@ double max_error(const Program& step, const SpmdProgram& spmd, std::uint64_t see
 }
 
 ManualPartition bp(const std::string& axis) { return {{{"x", 0}, {"y", 0}}, axis, "bp"}; }
-ManualPartition mp(const std::string& axis) {
-  return {{{"params/mlp/w1", 1}, {"params/mlp/b1", 0}, {"params/mlp/w2", 0}}, axis, "mp"};
-}
-ManualPartition zero_state(const std::string& axis) { return {{{"opt/adam/m/**", 0}, {"opt/adam/v/**", 0}}, axis, "z2"}; }
-ManualPartition zero_params(const std::string& axis) { return {{{"params/**", 0}}, axis, "z3"}; }
-
 std::map<CollectiveKind, int> count(const SpmdProgram& p, const std::string& axis, bool scalars = false) {
   std::map<CollectiveKind, int> n;
   for (const auto& c : p.collectives())
@@ -188,13 +182,14 @@ TEST_CASE("lowering: partitioned MLP train steps equal the single-device step") 
   const std::vector<Case> cases = {
       {"none", Mesh{{"batch", 2}}, {}},
       {"bp 4x1", Mesh{{"batch", 4}, {"model", 1}}, {bp("batch")}},
-      {"mp 1x4", Mesh{{"batch", 1}, {"model", 4}}, {mp("model")}},
-      {"bp,mp 2x2", Mesh{{"batch", 2}, {"model", 2}}, {bp("batch"), mp("model")}},
-      {"mp,bp 2x2", Mesh{{"batch", 2}, {"model", 2}}, {mp("model"), bp("batch")}},
-      {"bp,z2 4", Mesh{{"batch", 4}}, {bp("batch"), zero_state("batch")}},
-      {"bp,z3 2x2", Mesh{{"batch", 2}, {"model", 2}}, {bp("batch"), zero_params("batch")}},
+      {"mp 1x4", Mesh{{"batch", 1}, {"model", 4}}, {megatron("model")}},
+      {"bp,mp 2x2", Mesh{{"batch", 2}, {"model", 2}}, {data_parallel("batch"), megatron("model")}},
+      {"mp,bp 2x2", Mesh{{"batch", 2}, {"model", 2}}, {megatron("model"), bp("batch")}},
+      {"bp,z2 4", Mesh{{"batch", 4}}, {bp("batch"), zero2("batch")}},
+      {"bp,z3 2x2", Mesh{{"batch", 2}, {"model", 2}}, {bp("batch"), zero3("batch")}},
+      {"bp,mp,z3 2x2", Mesh{{"batch", 2}, {"model", 2}}, {bp("batch"), megatron("model"), zero3("batch")}},
       {"bp,mp,z2 2x2x2", Mesh{{"batch", 2}, {"model", 2}, {"zero", 2}},
-       {bp("batch"), mp("model"), ManualPartition{{{"opt/adam/m/**", 0}, {"opt/adam/v/**", 0}}, "zero", "z2"}}},
+       {bp("batch"), megatron("model"), zero2("zero")}},
       {"bp on two axes 2x2", Mesh{{"a", 2}, {"b", 2}}, {bp("a"), bp("b")}},
   };
   for (const auto& c : cases)
@@ -223,18 +218,22 @@ TEST_CASE("lowering: collective plans of BP, MP and ZeRO on the MLP step") {
     CHECK(spmd.collectives().size() == params + 1);
   }
   SUBCASE("MP: one all_reduce(model) forward per MLP block, none in backward without an input gradient") {
-    const SpmdProgram spmd = lower(partition(step, Mesh{{"model", 2}}, {mp("model")}));
+    const SpmdProgram spmd = lower(partition(step, Mesh{{"model", 2}}, {megatron("model")}));
     CHECK(count(spmd, "model", true) == std::map<CollectiveKind, int>{{CollectiveKind::all_reduce, 1}});
   }
   SUBCASE("Z2: optimizer state tiled on batch turns gradient all_reduce into reduce_scatter + all_gather") {
-    const SpmdProgram spmd = lower(partition(step, Mesh{{"batch", 4}}, {bp("batch"), zero_state("batch")}));
+    const SpmdProgram spmd = lower(partition(step, Mesh{{"batch", 4}}, {bp("batch"), zero2("batch")}));
     auto n = count(spmd, "batch");
     CHECK(n[CollectiveKind::all_reduce] == 0);
     CHECK(n[CollectiveKind::reduce_scatter] == params);
-    CHECK(n[CollectiveKind::all_gather] == params);
+    CHECK(n[CollectiveKind::all_gather] == params);  // one per updated parameter, none in forward
+    for (const auto& b : spmd.inputs()) {
+      if (b.name.starts_with("params/")) CHECK(b.sharding.is_replicated());
+      if (b.name.starts_with("opt/adam/m/")) CHECK(b.sharding.dims[0] == AxisList{"batch"});
+    }
   }
   SUBCASE("Z3: parameters stored tiled and gathered where used") {
-    const SpmdProgram spmd = lower(partition(step, Mesh{{"batch", 4}}, {bp("batch"), zero_params("batch")}));
+    const SpmdProgram spmd = lower(partition(step, Mesh{{"batch", 4}}, {bp("batch"), zero3("batch")}));
     auto n = count(spmd, "batch");
     CHECK(n[CollectiveKind::all_reduce] == 0);
     CHECK(n[CollectiveKind::reduce_scatter] == params);
@@ -246,7 +245,7 @@ TEST_CASE("lowering: collective plans of BP, MP and ZeRO on the MLP step") {
 
 TEST_CASE("lowering: every collective says why it exists") {
   const Program step = mlp_step(16, {8, 32, 8}, false);
-  const SpmdProgram spmd = lower(partition(step, Mesh{{"batch", 2}, {"model", 2}}, {bp("batch"), mp("model")}));
+  const SpmdProgram spmd = lower(partition(step, Mesh{{"batch", 2}, {"model", 2}}, {bp("batch"), megatron("model")}));
   for (const auto& c : spmd.collectives()) {
     CAPTURE(c.collective.reason);
     CHECK(c.collective.reason.find("needs") != std::string::npos);

@@ -1,0 +1,97 @@
+#pragma once
+// The examples' shared SPMD training loop: every device (a thread or an MPI rank) runs this function with its
+// own communicator, holds only its shards of the parameters and optimizer state, feeds its piece of each
+// global batch, and carries the updated shards to the next step. Device 0 prints and writes the report.
+#include <partir/partir.hpp>
+
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+namespace examples {
+
+namespace p = partir;
+
+struct LoopOptions {
+  long steps = 100;
+  std::uint64_t seed = 0;
+  long tokens_per_step = 0;  // for tokens/s (examples per step for non-sequence models)
+  std::string report_file;   // "" = no report
+  std::string label;         // mesh, schedule and backend, for the report
+};
+
+// Makes the global data inputs of step `s` (identical on every device: same seed, same step).
+using BatchFn = std::function<p::NamedArrays(long s)>;
+
+inline std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+template <p::Communicator C>
+double train(C& comm, const p::Program& step, const p::SpmdProgram& spmd, const BatchFn& next_batch,
+             const LoopOptions& o) {
+  const int device = comm.device();
+  const bool lead = device == 0;
+  p::NamedArrays state;
+  for (const auto& [name, global] : p::init_inputs(step, o.seed)) {
+    for (const auto& b : spmd.inputs())
+      if (b.name == name) state[name] = p::layout::shard(global, b.sharding, spmd.mesh(), device);
+  }
+  std::vector<double> step_ms;
+  std::int64_t peak = 0;
+  double loss = 0;
+  for (long s = 1; s <= o.steps; ++s) {
+    for (auto& [name, global] : next_batch(s))
+      for (const auto& b : spmd.inputs())
+        if (b.name == name) state[name] = p::layout::shard(global, b.sharding, spmd.mesh(), device);
+    comm.barrier();  // time the step, not the previous step's stragglers
+    const auto t0 = std::chrono::steady_clock::now();
+    p::DeviceResult r = p::execute(spmd, comm, state, {.global_inputs = false, .global_outputs = false});
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    step_ms.push_back(ms);
+    peak = std::max(peak, r.peak_bytes);
+    loss = r.outputs.at("loss").at(0);
+    p::carry_state(step, state, std::move(r.outputs));
+    if (lead)
+      std::cout << "step " << s << " loss " << std::setprecision(6) << loss << " ms " << std::setprecision(4) << ms
+                << " tokens/s " << std::setprecision(4) << o.tokens_per_step / (ms / 1e3) << std::endl;
+  }
+  // Every device's peak, gathered to all (doubles: collectives carry float types).
+  const auto n = comm.num_devices();
+  p::Group all;
+  for (int d = 0; d < n; ++d) all.devices.push_back(d);
+  std::vector<double> peaks(static_cast<std::size_t>(n));
+  const double mine = static_cast<double>(peak);
+  comm.all_gather(all, &mine, peaks.data(), 1, p::DType::f64);
+  if (lead) {
+    std::cout << "final loss " << std::setprecision(6) << loss << std::endl;
+    if (!o.report_file.empty()) {
+      std::ofstream f(o.report_file);
+      f << "{\n  \"run\": \"" << json_escape(o.label) << "\",\n  \"final_loss\": " << loss << ",\n  \"step_ms\": [";
+      for (std::size_t i = 0; i < step_ms.size(); ++i) f << (i ? ", " : "") << step_ms[i];
+      f << "],\n  \"peak_bytes_per_device\": [";
+      for (std::size_t i = 0; i < peaks.size(); ++i) f << (i ? ", " : "") << static_cast<std::int64_t>(peaks[i]);
+      f << "],\n  \"collectives\": [";
+      const auto plan = spmd.collectives();
+      for (std::size_t i = 0; i < plan.size(); ++i) {
+        const auto& c = plan[i];
+        f << (i ? ",\n" : "\n") << "    {\"kind\": \"" << p::name_of(c.collective.kind) << "\", \"axes\": \""
+          << p::to_string(c.collective.axes) << "\", \"dim\": " << c.collective.dim << ", \"bytes\": " << c.bytes
+          << ", \"reason\": \"" << json_escape(c.collective.reason) << "\"}";
+      }
+      f << "\n  ]\n}\n";
+      std::cout << "report written to " << o.report_file << std::endl;
+    }
+  }
+  return loss;
+}
+
+}  // namespace examples

@@ -1,0 +1,122 @@
+#pragma once
+// The strategies of the PartIR paper as ready-made tactics (values, composable in any Schedule):
+//   data_parallel(axis)  BP: every data input tiled on its batch dim (dim 0)
+//   megatron(axis)       MP: Megatron-LM tensor parallelism by parameter names: the first matmul of a block
+//                        (…/w1, attention …/wq …/wk …/wv) tiled on its output features (last dim, with bias
+//                        …/b1), the second (…/w2, …/wo) on its input features (dim 0)
+//   zero2(axis)          Z2: optimizer state tiled on `axis`; the gradient all_reduce becomes a
+//                        reduce_scatter and the updated parameters are all-gathered
+//   zero3(axis)          Z3: parameters too; each is all-gathered where it is used
+// Preconditions: BP needs data inputs; MP needs parameters named as above; Z2/Z3 need an optimizer with
+// state (Adam) and a dim of each tensor divisible by the axis. A preset that finds nothing to act on is a
+// UserError naming it.
+#include "partir/tactics/selector.hpp"
+#include "partir/tactics/tactic.hpp"
+
+namespace partir {
+
+struct DataParallel {
+  std::string axis;
+  std::string name() const { return "bp(" + axis + ")"; }
+  void apply(PartitionState& s) const {
+    const int a = s.axis(axis);
+    int tiled = 0;
+    for (ValueId v : s.program().inputs()) {
+      const Op& op = s.program().op(v);
+      if (op.attrs.input_kind != InputKind::data || op.type.rank() == 0) continue;
+      s.tile(v, 0, a);
+      ++tiled;
+    }
+    if (!tiled) user_error(s.tactic_label() + ": program '" + s.program().name() + "' has no data input to tile");
+  }
+  friend bool operator==(const DataParallel&, const DataParallel&) = default;
+};
+
+struct Megatron {
+  std::string axis;
+  std::string name() const { return "megatron(" + axis + ")"; }
+  void apply(PartitionState& s) const {
+    static const std::vector<std::pair<const char*, std::int64_t>> layout = {
+        {"params/**/w1", -1}, {"params/**/b1", 0},  {"params/**/wq", -1}, {"params/**/wk", -1},
+        {"params/**/wv", -1}, {"params/**/bq", 0},  {"params/**/bk", 0},  {"params/**/bv", 0},
+        {"params/**/w2", 0},  {"params/**/wo", 0}};
+    const int a = s.axis(axis);
+    const NameIndex names(s.program());
+    int tiled = 0;
+    for (const auto& [selector, dim] : layout)
+      for (ValueId v : names.select(selector)) {
+        if (s.program().op(v).kind != OpKind::input) continue;
+        s.tile(v, dim < 0 ? s.program().type(v).rank() + dim : dim, a);
+        ++tiled;
+      }
+    if (!tiled)
+      user_error(s.tactic_label() + ": no parameter of '" + s.program().name() +
+                 "' has a Megatron name (params/**/w1, w2, wq, wk, wv, wo)");
+  }
+  friend bool operator==(const Megatron&, const Megatron&) = default;
+};
+
+// Z2 / Z3: tiles optimizer state (and for stage 3 parameters) on the first dim the axis divides.
+struct Zero {
+  std::string axis;
+  int stage = 2;
+  std::string name() const { return "zero" + std::to_string(stage) + "(" + axis + ")"; }
+  void apply(PartitionState& s) const {
+    const int a = s.axis(axis);
+    // Z2 keeps parameters whole on the axis: the update runs on shards and the new parameters are
+    // all-gathered once; without this, propagation from the state would shard them (that is Z3).
+    if (stage < 3)
+      for (ValueId v : s.program().inputs())
+        if (s.program().op(v).attrs.input_kind == InputKind::parameter && !s.sharding(v).uses(axis)) s.forbid(v, a);
+    int tiled = 0;
+    for (ValueId v : s.program().inputs()) {
+      const Op& op = s.program().op(v);
+      const bool wanted = op.attrs.input_kind == InputKind::optimizer_state ||
+                          (stage >= 3 && op.attrs.input_kind == InputKind::parameter);
+      if (!wanted || op.type.rank() == 0) continue;
+      const Sharding now = s.sharding(v);
+      if (now.uses(axis)) continue;
+      for (std::int64_t d = 0; d < op.type.rank(); ++d) {
+        AxisList axes = now.dims[static_cast<std::size_t>(d)];
+        axes.push_back(axis);
+        if (op.type.shape[static_cast<std::size_t>(d)] % tile_count(axes, s.mesh()) == 0) {
+          s.tile(v, d, a);
+          ++tiled;
+          break;
+        }
+      }
+    }
+    if (!tiled)
+      user_error(s.tactic_label() + ": program '" + s.program().name() + "' has no " +
+                 (stage >= 3 ? "parameter or " : "") + "optimizer state divisible by axis '" + axis +
+                 "' (ZeRO shards optimizer state: use an optimizer with state, such as Adam)");
+  }
+  friend bool operator==(const Zero&, const Zero&) = default;
+};
+
+inline DataParallel data_parallel(std::string axis) { return {std::move(axis)}; }
+inline Megatron megatron(std::string axis) { return {std::move(axis)}; }
+inline Zero zero2(std::string axis) { return {std::move(axis), 2}; }
+inline Zero zero3(std::string axis) { return {std::move(axis), 3}; }
+
+// "bp,mp,z3" with BP and ZeRO on `batch_axis` and MP on `model_axis` (the examples' --schedule flag).
+inline Schedule parse_schedule(std::string_view text, const std::string& batch_axis = "batch",
+                               const std::string& model_axis = "model") {
+  Schedule out;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const auto end = std::min(text.find(',', start), text.size());
+    const auto item = text.substr(start, end - start);
+    if (item == "bp") out.push_back(data_parallel(batch_axis));
+    else if (item == "mp") out.push_back(megatron(model_axis));
+    else if (item == "z2") out.push_back(zero2(batch_axis));
+    else if (item == "z3") out.push_back(zero3(batch_axis));
+    else if (item != "none")
+      user_error("schedule '" + std::string(text) + "': unknown tactic '" + std::string(item) +
+                 "' (expected none, bp, mp, z2, z3)");
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace partir
