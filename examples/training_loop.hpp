@@ -35,9 +35,16 @@ inline std::string json_escape(const std::string& s) {
   return out;
 }
 
+// What a run ends with: the last loss, and this device's pieces of the trained state (parameters, optimizer
+// state and the last batch, as the SPMD program lays them out).
+struct Trained {
+  double loss = 0;
+  p::NamedArrays state;
+};
+
 template <p::Communicator C>
-double train(C& comm, const p::Program& step, const p::SpmdProgram& spmd, const BatchFn& next_batch,
-             const LoopOptions& o) {
+Trained train(C& comm, const p::Program& step, const p::SpmdProgram& spmd, const BatchFn& next_batch,
+              const LoopOptions& o) {
   const int device = comm.device();
   const bool lead = device == 0;
   p::NamedArrays state;
@@ -91,7 +98,7 @@ double train(C& comm, const p::Program& step, const p::SpmdProgram& spmd, const 
       std::cout << "report written to " << o.report_file << std::endl;
     }
   }
-  return loss;
+  return {loss, std::move(state)};
 }
 
 }  // namespace examples

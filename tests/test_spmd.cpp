@@ -252,3 +252,33 @@ TEST_CASE("lowering: every collective says why it exists") {
     CHECK(c.collective.reason.find("from tactic") != std::string::npos);
   }
 }
+
+TEST_CASE("lowering: golden text of BP + Megatron on a forward MLP") {
+  Program f = trace("mlp", [](Tensor x) {
+    nn::Mlp mlp{"params/mlp", {4, 8, 4}};
+    return sum(mlp(x));
+  }, {{"x", {8, 4}}});
+  const char* golden = R"(spmd mlp on {batch=2,model=2} {
+  %0 "x" = input {data} : f32[4,4]
+  %1 "params/mlp/w1" = input {parameter, init=normal(0.5)} : f32[4,4]
+  %2 = dot_general %0, %1 {contract=[1]x[0]} : f32[4,4]
+  %3 "params/mlp/b1" = input {parameter, init=zeros} : f32[4]
+  %4 = broadcast_in_dim %3 {dims=[1]} : f32[4,4]
+  %5 = add %2, %4 : f32[4,4]
+  %6 = constant {value=0} : f32[]
+  %7 = broadcast_in_dim %6 {dims=[]} : f32[4,4]
+  %8 "params/mlp/h1" = max %5, %7 : f32[4,4]
+  %9 "params/mlp/w2" = input {parameter, init=normal(0.353553391)} : f32[4,4]
+  %10 = dot_general %8, %9 {contract=[1]x[0]} : f32[4,4]
+  %11 "params/mlp/b2" = input {parameter, init=zeros} : f32[4]
+  %12 = broadcast_in_dim %11 {dims=[1]} : f32[4,4]
+  %13 = all_reduce %10 {axes={model}} : f32[4,4]  # %13 add operand 0 needs %10 as f32[8{batch},4], has f32[8{batch},4] sum{model} ('model' from tactic 2 (megatron(model)))
+  %14 = add %13, %12 : f32[4,4]
+  %15 = reduce_sum %14 {dims=[0,1]} : f32[]
+  %16 = all_reduce %15 {axes={batch}} : f32[]  # output 'out' needs %14 as f32[], has f32[] sum{batch} ('batch' from tactic 1 (bp(batch)))
+  output "out" = %16 : f32[]
+}
+)";
+  CHECK(to_string(lower(partition(f, Mesh{{"batch", 2}, {"model", 2}}, {data_parallel("batch"), megatron("model")}))) ==
+        golden);
+}

@@ -13,6 +13,7 @@
 #include "partir/dsl/ops.hpp"
 #include "partir/dsl/functional.hpp"
 #include "partir/dsl/nn.hpp"
+#include "partir/dsl/transformer.hpp"
 #include "partir/dsl/trace.hpp"
 #include "partir/runtime/state.hpp"
 #include "partir/runtime/kernels.hpp"

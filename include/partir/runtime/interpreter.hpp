@@ -17,9 +17,11 @@ struct RunStats {
   std::int64_t peak_bytes = 0;
 };
 
-// Returns the program's outputs by name. `inputs` must hold exactly the program's inputs, with their types;
-// they are read in place, never copied.
-inline NamedArrays interpret(const Program& p, const NamedArrays& inputs, RunStats* stats = nullptr) {
+// Returns the program's outputs by name. `inputs` (NamedArrays, or another map from name to Array) must
+// hold exactly the program's inputs, with their types; they are read in place, never copied. A template
+// for the same reason as eval(): only translation units that run programs instantiate the kernels.
+template <class Inputs = NamedArrays>
+NamedArrays interpret(const Program& p, const Inputs& inputs, RunStats* stats = nullptr) {
   const std::string where = "interpret " + p.name();
   std::int64_t resident = 0;
   for (auto v : p.inputs()) {

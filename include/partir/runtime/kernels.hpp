@@ -4,12 +4,18 @@
 // Float math is instantiated for f32 and f64 only; ops that move, compare or sum data also take i32.
 // Every layout op (broadcast, transpose, slice, pad, concatenate) is one strided copy, and dot_general is
 // a loop of Eigen GEMMs on in-place maps wherever the operand layout allows it.
+
+// GCC 12 warns falsely about the _mm512_undefined_* temporaries of its own AVX-512 intrinsics once they are
+// inlined into Eigen's kernels (GCC PR105593). The pragma silences them when this header is the first to
+// include Eigen (it has to cover the intrinsics headers), and covers this header's code too.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <Eigen/Core>
 
 #include <algorithm>
 #include <array>
 #include <limits>
-#include <span>
 #include <string>
 
 #include "partir/ir/op.hpp"
@@ -180,8 +186,8 @@ void pad(const Array& x, const Attrs& a, Array& out) {
   strided_copy(x.shape(), ptr<T>(x), row_major_strides(x.shape()), ptr<T>(out) + start, os);
 }
 
-template <class T>
-void concatenate(std::span<const Array* const> parts, std::int64_t axis, Array& out) {
+template <class T, class Parts>
+void concatenate(const Parts& parts, std::int64_t axis, Array& out) {
   const Strides os = row_major_strides(out.shape());
   std::int64_t at = 0;
   for (const Array* part : parts) {
@@ -474,9 +480,12 @@ inline Array constant(const Op& op) {
 
 }  // namespace kernels
 
-// Computes one op from its operand values. Inputs have no kernel: whoever runs the program binds them.
-// Float to i32 conversion truncates toward zero.
-inline Array eval(const Op& op, std::span<const Array* const> operands) {
+// Computes one op from its operand values (`operands`: a vector, span or array of const Array*). Inputs
+// have no kernel: whoever runs the program binds them. Float to i32 conversion truncates toward zero.
+// A template so that the kernels' Eigen instantiations (seconds of compile time) happen only in the
+// translation units that run programs, not in every one that includes partir.hpp.
+template <class Operands>
+Array eval(const Op& op, const Operands& operands) {
   using K = OpKind;
   namespace k = kernels;
   if (op.kind == K::input) internal_error("eval: input '" + op.name + "' has no kernel; the caller binds inputs");
@@ -552,3 +561,4 @@ inline Array eval(const Op& op, std::span<const Array* const> operands) {
 }
 
 }  // namespace partir
+#pragma GCC diagnostic pop

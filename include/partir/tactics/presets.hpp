@@ -7,9 +7,17 @@
 //   zero2(axis)          Z2: optimizer state tiled on `axis`; the gradient all_reduce becomes a
 //                        reduce_scatter and the updated parameters are all-gathered
 //   zero3(axis)          Z3: parameters too; each is all-gathered where it is used
-// Preconditions: BP needs data inputs; MP needs parameters named as above; Z2/Z3 need an optimizer with
-// state (Adam) and a dim of each tensor divisible by the axis. A preset that finds nothing to act on is a
-// UserError naming it.
+//   embedding(axis, dim) EMB: every embedding table (params/**/table, as nn::Embedding names it) tiled on
+//                        dim 0, the vocabulary (each device looks up the rows it holds: the lookup is a
+//                        partial sum), or dim 1, the model features
+//   multi_query(axis)    MQ: inference sharding of multi-query attention (nn::Attention with one K/V head):
+//                        query heads (…/attn/wq, bq) and the MLP split as in Megatron, attention output
+//                        (…/attn/wo) on its input features, the shared K/V projections (…/attn/wk, wv, bv)
+//                        kept whole on the axis, so every device holds the one K/V head
+// Preconditions: BP needs data inputs; MP and MQ need parameters named as above; Z2/Z3 need an optimizer
+// with state (Adam) and a dim of each tensor divisible by the axis; EMB needs a table. A preset that finds
+// nothing to act on is a UserError naming it.
+#include "partir/tactics/manual.hpp"
 #include "partir/tactics/selector.hpp"
 #include "partir/tactics/tactic.hpp"
 
@@ -94,12 +102,43 @@ struct Zero {
   friend bool operator==(const Zero&, const Zero&) = default;
 };
 
+struct MultiQuery {
+  std::string axis;
+  std::string name() const { return "mq(" + axis + ")"; }
+  void apply(PartitionState& s) const {
+    static const std::vector<std::pair<const char*, std::int64_t>> layout = {
+        {"params/**/attn/wq", -1}, {"params/**/attn/bq", 0}, {"params/**/attn/wo", 0},
+        {"params/**/w1", -1},      {"params/**/b1", 0},      {"params/**/w2", 0}};
+    static const char* const shared_kv[] = {"params/**/attn/wk", "params/**/attn/wv", "params/**/attn/bv"};
+    const int a = s.axis(axis);
+    const NameIndex names(s.program());
+    int kv = 0;
+    for (const char* selector : shared_kv)
+      for (ValueId v : names.select(selector)) {
+        s.forbid(v, a);
+        ++kv;
+      }
+    if (!kv)
+      user_error(s.tactic_label() + ": no parameter of '" + s.program().name() +
+                 "' is a K/V projection (params/**/attn/wk, wv) to keep whole");
+    for (const auto& [selector, dim] : layout)
+      for (ValueId v : names.select(selector)) s.tile(v, dim < 0 ? s.program().type(v).rank() + dim : dim, a);
+  }
+  friend bool operator==(const MultiQuery&, const MultiQuery&) = default;
+};
+
 inline DataParallel data_parallel(std::string axis) { return {std::move(axis)}; }
 inline Megatron megatron(std::string axis) { return {std::move(axis)}; }
 inline Zero zero2(std::string axis) { return {std::move(axis), 2}; }
 inline Zero zero3(std::string axis) { return {std::move(axis), 3}; }
+inline ManualPartition embedding(std::string axis, std::int64_t dim = 0) {
+  std::string label = "emb(" + axis + ")";
+  return {{{"params/**/table", dim}}, std::move(axis), std::move(label)};
+}
+inline MultiQuery multi_query(std::string axis) { return {std::move(axis)}; }
 
-// "bp,mp,z3" with BP and ZeRO on `batch_axis` and MP on `model_axis` (the examples' --schedule flag).
+// "bp,mp,z3" with BP and ZeRO on `batch_axis` and MP, EMB and MQ on `model_axis` (the examples' --schedule
+// flag).
 inline Schedule parse_schedule(std::string_view text, const std::string& batch_axis = "batch",
                                const std::string& model_axis = "model") {
   Schedule out;
@@ -111,9 +150,11 @@ inline Schedule parse_schedule(std::string_view text, const std::string& batch_a
     else if (item == "mp") out.push_back(megatron(model_axis));
     else if (item == "z2") out.push_back(zero2(batch_axis));
     else if (item == "z3") out.push_back(zero3(batch_axis));
+    else if (item == "emb") out.push_back(embedding(model_axis));
+    else if (item == "mq") out.push_back(multi_query(model_axis));
     else if (item != "none")
       user_error("schedule '" + std::string(text) + "': unknown tactic '" + std::string(item) +
-                 "' (expected none, bp, mp, z2, z3)");
+                 "' (expected none, bp, mp, z2, z3, emb, mq)");
     start = end + 1;
   }
   return out;

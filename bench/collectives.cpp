@@ -1,0 +1,448 @@
+// Collectives microbenchmark in nccl-tests' conventions, through partir's Communicator backends.
+//   collectives -b 8 -e 64M -f 2 -n 20 -w 5 -r 3 -o all_reduce|all_gather|reduce_scatter|all_to_all|all
+//               --backend threads|mpi|nccl  --devices 4 (threads)  --mesh batch=2,model=2 --axis model
+//               --json out.json  --raw (mpi: also time MPI called directly; prints the ratio)
+//               --rs-alternatives (mpi: reduce_scatter built four ways)  --calibrate profile.json
+// size is the full buffer S in bytes (count = S / 4 floats): the all_reduce buffer, the all_gather result,
+// the reduce_scatter operand, the all_to_all operand. algbw = S / time; busbw = algbw x 2(n-1)/n for
+// all_reduce, (n-1)/n for the others. time: the slowest device's mean over -n back-to-back calls, best of
+// -r rounds (3; a shared machine's noise only ever adds time).
+// #wrong counts elements that differ from the exactly known result of one checked call.
+//
+//   mpirun -np 2 build/bench/collectives -b 1K -e 16M -f 4 --backend mpi --raw
+#include <partir/runtime/threads.hpp>
+#include <partir/sim/calibrate.hpp>
+#ifdef PARTIR_BENCH_MPI
+#include <partir/runtime/mpi.hpp>
+#endif
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <optional>
+
+namespace p = partir;
+using p::CollectiveKind;
+
+namespace {
+
+struct Options {
+  std::int64_t min_bytes = 8, max_bytes = std::int64_t{64} << 20, factor = 2;
+  int iterations = 20, warmup = 5, rounds = 3;
+  bool check = true;
+  std::vector<CollectiveKind> ops = {CollectiveKind::all_reduce};
+  std::string backend = "threads";
+  int devices = 2;
+  std::string mesh, axis, json_path, calibrate_path;
+  bool raw = false, rs_alternatives = false;
+};
+
+[[noreturn]] void fail(const std::string& why) {
+  std::cerr << "collectives: " << why << " (see --help)\n";
+  std::exit(2);
+}
+
+// nccl-tests sizes: a number with an optional K, M or G (powers of 1024).
+std::int64_t parse_bytes(const std::string& s) {
+  char* end = nullptr;
+  const double x = std::strtod(s.c_str(), &end);
+  const std::string unit = end;
+  const double scale = unit.empty() ? 1 : unit == "K" ? 1 << 10 : unit == "M" ? 1 << 20 : unit == "G" ? 1 << 30 : -1;
+  if (end == s.c_str() || scale < 0 || x < 0) fail("bad size '" + s + "'");
+  return static_cast<std::int64_t>(x * scale);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  auto value = [&](int& i) -> std::string {
+    if (i + 1 >= argc) fail(std::string(argv[i]) + " needs a value");
+    return argv[++i];
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::cout << "usage: collectives [-b min] [-e max] [-f factor] [-n iters] [-w warmup] [-r rounds] [-c 0|1]\n"
+                   "  [-o all_reduce|all_gather|reduce_scatter|all_to_all|all] [--backend threads|mpi|nccl]\n"
+                   "  [--devices N (threads)] [--mesh a=2,b=2] [--axis a[,b]] [--json out.json] [--raw]\n"
+                   "  [--rs-alternatives] [--calibrate profile.json]\n";
+      std::exit(0);
+    }
+    if (a == "-b") o.min_bytes = parse_bytes(value(i));
+    else if (a == "-e") o.max_bytes = parse_bytes(value(i));
+    else if (a == "-f") o.factor = parse_bytes(value(i));
+    else if (a == "-n") o.iterations = std::atoi(value(i).c_str());
+    else if (a == "-w") o.warmup = std::atoi(value(i).c_str());
+    else if (a == "-r") o.rounds = std::atoi(value(i).c_str());
+    else if (a == "-c") o.check = value(i) != "0";
+    else if (a == "-o") {
+      const std::string op = value(i);
+      o.ops = op == "all" ? std::vector{CollectiveKind::all_reduce, CollectiveKind::all_gather,
+                                        CollectiveKind::reduce_scatter, CollectiveKind::all_to_all}
+                          : std::vector{p::parse_collective_kind(op)};
+      if (o.ops[0] == CollectiveKind::all_slice) fail("all_slice communicates nothing");
+    } else if (a == "--backend") o.backend = value(i);
+    else if (a == "--devices") o.devices = std::atoi(value(i).c_str());
+    else if (a == "--mesh") o.mesh = value(i);
+    else if (a == "--axis") o.axis = value(i);
+    else if (a == "--json") o.json_path = value(i);
+    else if (a == "--calibrate") o.calibrate_path = value(i);
+    else if (a == "--raw") o.raw = true;
+    else if (a == "--rs-alternatives") o.rs_alternatives = true;
+    else fail("unknown argument '" + a + "'");
+  }
+  if (o.min_bytes < 1 || o.max_bytes < o.min_bytes || o.factor < 2 || o.iterations < 1 || o.warmup < 0 || o.rounds < 1)
+    fail("need 1 <= -b <= -e, -f >= 2, -n >= 1, -w >= 0, -r >= 1");
+  if ((o.raw || o.rs_alternatives) && o.backend != "mpi") fail("--raw and --rs-alternatives compare against MPI: use --backend mpi");
+  return o;
+}
+
+p::AxisList split_axes(const std::string& s) {
+  p::AxisList out;
+  std::size_t start = 0;
+  while (start <= s.size()) {
+    const auto end = std::min(s.find(',', start), s.size());
+    out.push_back(s.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+// Device d's element i: distinct per device and element, and sums of a few of them are exact in float.
+float value(int device, std::int64_t i) { return static_cast<float>(device * 1000 + i % 997); }
+
+// One collective call on this device's buffers: count is elements per device contribution (the block).
+using Call = std::function<void(const p::Group&, CollectiveKind, float* in, float* out, std::int64_t count)>;
+
+template <p::Communicator C>
+Call partir_call(C& comm) {
+  return [&comm](const p::Group& g, CollectiveKind k, float* in, float* out, std::int64_t count) {
+    switch (k) {
+      case CollectiveKind::all_reduce: comm.all_reduce(g, in, count, p::DType::f32); break;
+      case CollectiveKind::all_gather: comm.all_gather(g, in, out, count, p::DType::f32); break;
+      case CollectiveKind::reduce_scatter: comm.reduce_scatter(g, in, out, count, p::DType::f32); break;
+      case CollectiveKind::all_to_all: comm.all_to_all(g, in, out, count, p::DType::f32); break;
+      case CollectiveKind::all_slice: break;
+    }
+  };
+}
+
+// Elements of the input and output buffers, and the count per contribution, for a full buffer of S bytes
+// (rounded down to a whole number of blocks).
+struct Buffers {
+  std::int64_t count, in, out;
+};
+Buffers buffers(CollectiveKind k, std::int64_t bytes, std::int64_t n) {
+  const std::int64_t full = std::max<std::int64_t>(bytes / 4 / n, 1) * n;
+  switch (k) {
+    case CollectiveKind::all_reduce: return {full, full, 0};
+    case CollectiveKind::all_gather: return {full / n, full / n, full};
+    case CollectiveKind::reduce_scatter: return {full / n, full, full / n};
+    default: return {full / n, full, full};
+  }
+}
+
+// Elements of one checked call that differ from the known result; fills the buffers first.
+long wrong_elements(const Call& call, const p::Group& g, int me, CollectiveKind k, const Buffers& b,
+                    std::vector<float>& in, std::vector<float>& out) {
+  const int n = g.size(), pos = g.index_of(me);
+  for (std::int64_t i = 0; i < b.in; ++i) in[i] = value(me, i);
+  call(g, k, in.data(), out.data(), b.count);
+  long wrong = 0;
+  auto sum_over_group = [&](std::int64_t i) {
+    float s = 0;
+    for (int d : g.devices) s += value(d, i);
+    return s;
+  };
+  switch (k) {
+    case CollectiveKind::all_reduce:
+      for (std::int64_t i = 0; i < b.in; ++i) wrong += in[i] != sum_over_group(i);
+      break;
+    case CollectiveKind::all_gather:
+      for (int q = 0; q < n; ++q)
+        for (std::int64_t i = 0; i < b.count; ++i) wrong += out[q * b.count + i] != value(g.devices[q], i);
+      break;
+    case CollectiveKind::reduce_scatter:
+      for (std::int64_t i = 0; i < b.count; ++i) wrong += out[i] != sum_over_group(pos * b.count + i);
+      break;
+    default:  // all_to_all: block q of the output is block `pos` of member q's input
+      for (int q = 0; q < n; ++q)
+        for (std::int64_t i = 0; i < b.count; ++i) wrong += out[q * b.count + i] != value(g.devices[q], pos * b.count + i);
+      break;
+  }
+  return wrong;
+}
+
+struct Row {
+  std::string op;
+  std::int64_t bytes, count;
+  double seconds, algbw, busbw;
+  long wrong;
+  std::optional<double> raw_seconds, raw_busbw;
+};
+
+// Sizes -b, -b*f, ... up to -e; every row is timed on every device, printed by device 0.
+template <p::Communicator C>
+std::vector<Row> sweep(C& comm, const Options& o, const p::Mesh& mesh, const p::AxisList& axes, const Call& call,
+                       const Call* raw) {
+  const int me = comm.device();
+  p::Group g;
+  for (auto d : mesh.group(me, axes)) g.devices.push_back(static_cast<int>(d));
+  const int n = g.size();
+  std::vector<Row> rows;
+  for (auto kind : o.ops) {
+    for (std::int64_t size = o.min_bytes; size <= o.max_bytes; size *= o.factor) {
+      const Buffers b = buffers(kind, size, n);
+      std::vector<float> in(static_cast<std::size_t>(b.in)), out(static_cast<std::size_t>(b.out));
+      auto time = [&](const Call& c) {
+        return p::calibration::seconds_per_call(comm, o.warmup, o.iterations,
+                                                [&] { c(g, kind, in.data(), out.data(), b.count); });
+      };
+      // Rounds alternate partir and raw, so that both see the same machine; the best round of each counts.
+      Row r{std::string(p::name_of(kind)), std::max(b.in, b.out) * 4, std::max(b.in, b.out), 1e30, 0, 0, 0, {}, {}};
+      for (int round = 0; round < o.rounds; ++round) {
+        r.seconds = std::min(r.seconds, time(call));
+        if (raw) r.raw_seconds = std::min(r.raw_seconds.value_or(1e30), time(*raw));
+      }
+      r.algbw = static_cast<double>(r.bytes) / r.seconds / 1e9;
+      r.busbw = r.algbw * p::bus_factor(kind, n);
+      if (raw) r.raw_busbw = static_cast<double>(r.bytes) / *r.raw_seconds / 1e9 * p::bus_factor(kind, n);
+      if (o.check) {
+        double wrong = static_cast<double>(wrong_elements(call, g, me, kind, b, in, out));
+        if (raw) wrong += static_cast<double>(wrong_elements(*raw, g, me, kind, b, in, out));
+        r.wrong = static_cast<long>(p::calibration::max_over_devices(comm, wrong));
+      }
+      rows.push_back(r);
+    }
+  }
+  return rows;
+}
+
+void print(const std::vector<Row>& rows, const Options& o, const std::string& setup) {
+  std::printf("# partir collectives benchmark: %s\n# iters %d warmup %d rounds %d check %d; time: the slowest device's "
+              "mean, best round\n#\n",
+              setup.c_str(), o.iterations, o.warmup, o.rounds, o.check ? 1 : 0);
+  std::printf("# %-14s %12s %12s %6s %6s %10s %8s %8s %6s", "collective", "size", "count", "type", "redop", "time",
+              "algbw", "busbw", "#wrong");
+  if (o.raw) std::printf(" %10s %8s %7s", "raw time", "raw bus", "ratio");
+  std::printf("\n# %-14s %12s %12s %6s %6s %10s %8s %8s %6s", "", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+  if (o.raw) std::printf(" %10s %8s %7s", "(us)", "(GB/s)", "");
+  std::printf("\n");
+  for (const auto& r : rows) {
+    const bool reduces = r.op == "all_reduce" || r.op == "reduce_scatter";
+    std::printf("  %-14s %12lld %12lld %6s %6s %10.2f %8.3f %8.3f %6ld", r.op.c_str(), static_cast<long long>(r.bytes),
+                static_cast<long long>(r.count), "float", reduces ? "sum" : "none", r.seconds * 1e6, r.algbw, r.busbw,
+                r.wrong);
+    if (r.raw_seconds) std::printf(" %10.2f %8.3f %7.3f", *r.raw_seconds * 1e6, *r.raw_busbw, r.busbw / *r.raw_busbw);
+    std::printf("\n");
+  }
+  if (o.raw) {  // the target: partir >= 0.95x raw busbw from 1 MiB up
+    double worst = 0;
+    bool any = false;
+    for (const auto& r : rows)
+      if (r.bytes >= (1 << 20) && r.raw_busbw) {
+        const double ratio = r.busbw / *r.raw_busbw;
+        worst = any ? std::min(worst, ratio) : ratio;
+        any = true;
+      }
+    if (any) std::printf("# partir/raw busbw, sizes >= 1 MiB: worst %.3f (target >= 0.95)\n", worst);
+  }
+}
+
+void write_json(const std::vector<Row>& rows, const std::string& path, const std::string& setup) {
+  p::json::Value list = p::json::array();
+  for (const auto& r : rows) {
+    auto row = p::json::object();
+    row.set("collective", r.op).set("size", r.bytes).set("count", r.count).set("type", "float");
+    row.set("time_us", r.seconds * 1e6).set("algbw_gbs", r.algbw).set("busbw_gbs", r.busbw).set("wrong", std::int64_t{r.wrong});
+    if (r.raw_seconds) row.set("raw_time_us", *r.raw_seconds * 1e6).set("raw_busbw_gbs", *r.raw_busbw);
+    list.push(std::move(row));
+  }
+  p::json::write_file(path, p::json::object().set("setup", setup).set("rows", std::move(list)));
+}
+
+// Runs the benchmark (or the calibration) on this device; device 0 reports.
+template <p::Communicator C>
+void run(C& comm, const Options& o, const Call* raw) {
+  const p::Mesh mesh = o.mesh.empty() ? p::Mesh{{"d", comm.num_devices()}} : p::Mesh::parse(o.mesh);
+  if (mesh.num_devices() != comm.num_devices())
+    p::user_error("mesh " + mesh.to_string() + " has " + std::to_string(mesh.num_devices()) + " devices, the " +
+                  o.backend + " backend " + std::to_string(comm.num_devices()));
+  if (!o.calibrate_path.empty()) {
+    p::CalibrationOptions co;
+    co.name = "calibrated-" + o.backend + "-" + std::to_string(comm.num_devices());
+    co.warmup = std::max(o.warmup, 1);
+    co.iterations = o.iterations;
+    const auto profile = p::calibrate(comm, co);
+    if (comm.device() == 0) {
+      profile.save(o.calibrate_path);
+      std::cout << profile.to_json().dump(2) << "\nwrote " << o.calibrate_path << "\n";
+    }
+    return;
+  }
+  p::AxisList axes;
+  if (o.axis.empty())
+    for (const auto& a : mesh.axes()) axes.push_back(a.name);
+  else
+    axes = split_axes(o.axis);
+  const auto rows = sweep(comm, o, mesh, axes, partir_call(comm), raw);
+  if (comm.device() != 0) return;
+  const std::string setup = "backend " + o.backend + ", " + std::to_string(comm.num_devices()) + " devices, mesh " +
+                            mesh.to_string() + ", groups along " + p::to_string(axes) + " (" +
+                            std::to_string(p::tile_count(axes, mesh)) + " devices each)";
+  print(rows, o, setup);
+  if (!o.json_path.empty()) write_json(rows, o.json_path, setup);
+}
+
+#ifdef PARTIR_BENCH_MPI
+// MPI called directly on one communicator per group, split once: the baseline partir's mpi backend is
+// measured against.
+class RawMpi {
+ public:
+  MPI_Comm comm(const p::Group& g) {
+    auto it = comms_.find(g.devices);
+    if (it != comms_.end()) return it->second;
+    int me = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    MPI_Comm c;
+    MPI_Comm_split(MPI_COMM_WORLD, g.devices.front(), g.index_of(me), &c);
+    return comms_[g.devices] = c;
+  }
+  ~RawMpi() {
+    for (auto& [k, c] : comms_) MPI_Comm_free(&c);
+  }
+  Call call() {
+    return [this](const p::Group& g, CollectiveKind k, float* in, float* out, std::int64_t count) {
+      const MPI_Comm c = comm(g);
+      const int n = static_cast<int>(count);
+      switch (k) {
+        case CollectiveKind::all_reduce: MPI_Allreduce(MPI_IN_PLACE, in, n, MPI_FLOAT, MPI_SUM, c); break;
+        case CollectiveKind::all_gather: MPI_Allgather(in, n, MPI_FLOAT, out, n, MPI_FLOAT, c); break;
+        case CollectiveKind::reduce_scatter: MPI_Reduce_scatter_block(in, out, n, MPI_FLOAT, MPI_SUM, c); break;
+        case CollectiveKind::all_to_all: MPI_Alltoall(in, n, MPI_FLOAT, out, n, MPI_FLOAT, c); break;
+        case CollectiveKind::all_slice: break;
+      }
+    };
+  }
+
+  // reduce_scatter four ways, to choose what the mpi backend should map it onto.
+  std::vector<std::pair<std::string, Call>> reduce_scatter_variants() {
+    auto wrap = [this](auto body) {
+      return Call([this, body](const p::Group& g, CollectiveKind, float* in, float* out, std::int64_t count) {
+        body(comm(g), g.size(), in, out, static_cast<int>(count));
+      });
+    };
+    return {
+        {"MPI_Reduce_scatter_block", wrap([](MPI_Comm c, int, float* in, float* out, int n) {
+           MPI_Reduce_scatter_block(in, out, n, MPI_FLOAT, MPI_SUM, c);
+         })},
+        {"MPI_Allreduce+copy", wrap([this](MPI_Comm c, int k, float* in, float* out, int n) {
+           scratch_.assign(in, in + static_cast<std::ptrdiff_t>(n) * k);
+           MPI_Allreduce(MPI_IN_PLACE, scratch_.data(), n * k, MPI_FLOAT, MPI_SUM, c);
+           int r = 0;
+           MPI_Comm_rank(c, &r);
+           std::copy_n(scratch_.data() + static_cast<std::ptrdiff_t>(r) * n, n, out);
+         })},
+        {"MPI_Reduce+MPI_Scatter", wrap([this](MPI_Comm c, int k, float* in, float* out, int n) {
+           scratch_.resize(static_cast<std::size_t>(n) * k);
+           MPI_Reduce(in, scratch_.data(), n * k, MPI_FLOAT, MPI_SUM, 0, c);
+           MPI_Scatter(scratch_.data(), n, MPI_FLOAT, out, n, MPI_FLOAT, 0, c);
+         })},
+        {"ring of MPI_Sendrecv", wrap([this](MPI_Comm c, int k, float* in, float* out, int n) { ring(c, k, in, out, n); })},
+    };
+  }
+
+ private:
+  // Ring reduce-scatter: in step s every rank passes its running sum of block (r-s-1) to the next rank
+  // and adds its own block (r-s-2) to what the previous one passed; after k-1 steps rank r holds block r.
+  void ring(MPI_Comm c, int k, const float* in, float* out, int n) {
+    int r = 0;
+    MPI_Comm_rank(c, &r);
+    send_.resize(static_cast<std::size_t>(n));
+    recv_.resize(static_cast<std::size_t>(n));
+    const int next = (r + 1) % k, prev = (r + k - 1) % k;
+    for (int s = 0; s + 1 < k; ++s) {
+      const int send_block = ((r - s - 1) % k + k) % k, recv_block = ((r - s - 2) % k + k) % k;
+      const float* src = s == 0 ? in + static_cast<std::ptrdiff_t>(send_block) * n : send_.data();
+      MPI_Sendrecv(src, n, MPI_FLOAT, next, 0, recv_.data(), n, MPI_FLOAT, prev, 0, c, MPI_STATUS_IGNORE);
+      float* dst = s + 2 == k ? out : send_.data();
+      const float* own = in + static_cast<std::ptrdiff_t>(recv_block) * n;
+      for (int i = 0; i < n; ++i) dst[i] = own[i] + recv_[static_cast<std::size_t>(i)];
+    }
+    if (k == 1) std::copy_n(in, n, out);
+  }
+
+  std::map<std::vector<int>, MPI_Comm> comms_;
+  std::vector<float> scratch_, send_, recv_;
+};
+
+// busbw of each reduce_scatter variant per size: the figures behind the mpi backend's choice.
+void compare_reduce_scatter(p::mpi::Communicator& comm, const Options& o, RawMpi& raw) {
+  const p::Mesh mesh = o.mesh.empty() ? p::Mesh{{"d", comm.num_devices()}} : p::Mesh::parse(o.mesh);
+  p::AxisList axes = o.axis.empty() ? p::AxisList{} : split_axes(o.axis);
+  if (axes.empty())
+    for (const auto& a : mesh.axes()) axes.push_back(a.name);
+  const int me = comm.device();
+  p::Group g;
+  for (auto d : mesh.group(me, axes)) g.devices.push_back(static_cast<int>(d));
+  auto variants = raw.reduce_scatter_variants();
+  if (me == 0) {
+    std::printf("# reduce_scatter busbw (GB/s) by implementation, groups of %d, #wrong in brackets\n# %12s", g.size(), "size(B)");
+    for (const auto& [name, call] : variants) std::printf(" %26s", name.c_str());
+    std::printf("\n");
+  }
+  for (std::int64_t size = o.min_bytes; size <= o.max_bytes; size *= o.factor) {
+    const Buffers b = buffers(CollectiveKind::reduce_scatter, size, g.size());
+    std::vector<float> in(static_cast<std::size_t>(b.in)), out(static_cast<std::size_t>(b.out));
+    std::vector<double> best(variants.size(), 1e30);
+    for (int round = 0; round < o.rounds; ++round)
+      for (std::size_t v = 0; v < variants.size(); ++v)
+        best[v] = std::min(best[v], p::calibration::seconds_per_call(comm, o.warmup, o.iterations, [&] {
+          variants[v].second(g, CollectiveKind::reduce_scatter, in.data(), out.data(), b.count);
+        }));
+    if (me == 0) std::printf("  %12lld", static_cast<long long>(b.in * 4));
+    for (std::size_t v = 0; v < variants.size(); ++v) {
+      const auto wrong = p::calibration::max_over_devices(
+          comm, static_cast<double>(wrong_elements(variants[v].second, g, me, CollectiveKind::reduce_scatter, b, in, out)));
+      const double busbw =
+          static_cast<double>(b.in * 4) / best[v] / 1e9 * p::bus_factor(CollectiveKind::reduce_scatter, g.size());
+      if (me == 0) std::printf(" %22.3f [%.0f]", busbw, wrong);
+    }
+    if (me == 0) std::printf("\n");
+  }
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  try {
+    if (o.backend == "threads") {
+      const int devices = o.mesh.empty() ? o.devices : static_cast<int>(p::Mesh::parse(o.mesh).num_devices());
+      p::threads::run(devices, [&](p::threads::Communicator& c) { run(c, o, nullptr); });
+    } else if (o.backend == "mpi") {
+#ifdef PARTIR_BENCH_MPI
+      p::mpi::Session session(argc, argv);
+      p::mpi::Communicator comm;
+      RawMpi raw;
+      if (o.rs_alternatives) {
+        compare_reduce_scatter(comm, o, raw);
+      } else {
+        const Call raw_call = raw.call();
+        run(comm, o, o.raw ? &raw_call : nullptr);
+      }
+#else
+      fail("--backend mpi: this build has no MPI (configure with -Dmpi=enabled and an MPI installation)");
+#endif
+    } else if (o.backend == "nccl") {
+      fail("--backend nccl: not built; partir has no NCCL communicator yet (include/partir/runtime/nccl.hpp)");
+    } else {
+      fail("unknown backend '" + o.backend + "' (threads, mpi or nccl)");
+    }
+  } catch (const p::UserError& e) {
+    std::cerr << "collectives: " << e.what() << "\n";
+    return 2;
+  }
+  return 0;
+}

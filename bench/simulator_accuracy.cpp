@@ -1,0 +1,252 @@
+// Predicted vs measured: the MLP train step (Adam, f32) under several strategies, each lowered, simulated
+// and executed; prints step time and peak memory side by side with relative errors and the Spearman rank
+// correlation across all configurations (targets: rank correlation 1.0, time within 15%, memory within 5%).
+//   simulator_accuracy [--backend threads|mpi] [--devices 2,4] [--batch 256] [--sizes 1024,4096,1024]
+//                      [--reps 5] [--profile calibrate|cpu|file.json] [--json out.json] [--trace-dir dir]
+// threads: every device count in --devices, one process; mpi: the world size (mpirun -np 2 ...).
+// --profile calibrate (the default) measures this machine first with the same devices (sim/calibrate.hpp).
+// Measured time: the slowest device's execute() per step, median of --reps; measured memory: the
+// executor's peak (each device is given only its own piece of every input).
+#include <partir/partir.hpp>
+#ifdef PARTIR_BENCH_MPI
+#include <partir/runtime/mpi.hpp>
+#endif
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+namespace p = partir;
+
+namespace {
+
+struct Options {
+  std::string backend = "threads";
+  std::vector<std::int64_t> devices = {2, 4};
+  std::int64_t batch = 256;
+  std::vector<std::int64_t> sizes = {1024, 4096, 1024};
+  int reps = 5;
+  std::string profile = "calibrate", json_path, trace_dir;
+};
+
+[[noreturn]] void fail(const std::string& why) {
+  std::cerr << "simulator_accuracy: " << why << "\n";
+  std::exit(2);
+}
+
+std::vector<std::int64_t> parse_list(const std::string& s) {
+  std::vector<std::int64_t> out;
+  std::size_t start = 0;
+  while (start <= s.size()) {
+    const auto end = std::min(s.find(',', start), s.size());
+    char* stop = nullptr;
+    const std::string item = s.substr(start, end - start);
+    out.push_back(std::strtoll(item.c_str(), &stop, 10));
+    if (item.empty() || *stop || out.back() < 1) fail("expected positive integers separated by commas, got '" + s + "'");
+    start = end + 1;
+  }
+  return out;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::cout << "usage: simulator_accuracy [--backend threads|mpi] [--devices 2,4] [--batch 256]\n"
+                   "  [--sizes 1024,4096,1024] [--reps 5] [--profile calibrate|cpu|file.json] [--json out.json]\n"
+                   "  [--trace-dir dir]\n";
+      std::exit(0);
+    }
+    if (i + 1 >= argc) fail(a + " needs a value (see --help)");
+    const std::string v = argv[++i];
+    if (a == "--backend") o.backend = v;
+    else if (a == "--devices") o.devices = parse_list(v);
+    else if (a == "--batch") o.batch = parse_list(v).at(0);
+    else if (a == "--sizes") o.sizes = parse_list(v);
+    else if (a == "--reps") o.reps = static_cast<int>(parse_list(v).at(0));
+    else if (a == "--profile") o.profile = v;
+    else if (a == "--json") o.json_path = v;
+    else if (a == "--trace-dir") o.trace_dir = v;
+    else fail("unknown argument '" + a + "' (see --help)");
+  }
+  if (o.sizes.size() < 2) fail("--sizes needs at least {in, out}");
+  return o;
+}
+
+struct Strategy {
+  std::string name;  // as the examples' --schedule spells it
+  p::Mesh mesh;
+};
+
+// none, bp, mp, bp+z2, bp+z3 on n devices, and bp+mp when both axes can have 2 or more devices.
+std::vector<Strategy> strategies(std::int64_t n) {
+  std::vector<Strategy> out = {{"none", p::Mesh{{"batch", n}}},
+                               {"bp", p::Mesh{{"batch", n}}},
+                               {"mp", p::Mesh{{"model", n}}},
+                               {"bp,z2", p::Mesh{{"batch", n}}},
+                               {"bp,z3", p::Mesh{{"batch", n}}}};
+  if (n >= 4 && n % 2 == 0) out.insert(out.begin() + 3, {"bp,mp", p::Mesh{{"batch", 2}, {"model", n / 2}}});
+  return out;
+}
+
+struct Result {
+  std::int64_t devices;
+  std::string strategy, mesh;
+  p::Report predicted;
+  double measured_seconds = 0;
+  std::int64_t measured_peak = 0;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// One configuration on this device: every device runs the same steps; the slowest device times a step.
+template <p::Communicator C>
+std::pair<double, std::int64_t> measure(C& comm, const p::SpmdProgram& spmd, const p::NamedArrays& global, int reps) {
+  p::NamedArrays local;
+  for (const auto& b : spmd.inputs())
+    local[b.name] = p::layout::shard(global.at(b.name), b.sharding, spmd.mesh(), comm.device());
+  const p::ExecuteOptions pieces{false, false};
+  std::int64_t peak = p::execute(spmd, comm, local, pieces).peak_bytes;  // also the warm-up
+  std::vector<double> seconds;
+  for (int r = 0; r < reps; ++r) {
+    comm.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    (void)p::execute(spmd, comm, local, pieces);
+    seconds.push_back(p::calibration::max_over_devices(
+        comm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+  }
+  const auto worst_peak = static_cast<std::int64_t>(p::calibration::max_over_devices(comm, static_cast<double>(peak)));
+  return {median(seconds), worst_peak};
+}
+
+// Every strategy on the devices of `comm`; device 0 appends the results.
+template <p::Communicator C>
+void run_device_count(C& comm, const Options& o, const p::Program& step, const p::NamedArrays& global,
+                      std::vector<Result>& results) {
+  const std::int64_t n = comm.num_devices();
+  p::HardwareProfile hw;
+  if (o.profile == "calibrate") {
+    p::CalibrationOptions co;
+    co.name = "calibrated-" + o.backend + "-" + std::to_string(n);
+    hw = p::calibrate(comm, co);
+  } else {
+    hw = p::HardwareProfile::named(o.profile);
+  }
+  for (const auto& s : strategies(n)) {
+    const p::SpmdProgram spmd = p::lower(p::partition(step, s.mesh, p::parse_schedule(s.name == "none" ? "" : s.name)));
+    const auto [seconds, peak] = measure(comm, spmd, global, o.reps);
+    if (comm.device() != 0) continue;
+    results.push_back({n, s.name, s.mesh.to_string(), p::simulate(spmd, hw), seconds, peak});
+    if (!o.trace_dir.empty())
+      p::json::write_file(o.trace_dir + "/" + std::to_string(n) + "-" + s.name + ".sim.json",
+                          p::chrome_trace(results.back().predicted, n));
+  }
+}
+
+// Ranks with ties sharing their mean rank, then Pearson's correlation of the ranks.
+double spearman(const std::vector<double>& a, const std::vector<double>& b) {
+  auto ranks = [](const std::vector<double>& x) {
+    std::vector<double> r(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      double less = 0, equal = 0;
+      for (double y : x) less += y < x[i], equal += y == x[i];
+      r[i] = less + (equal + 1) / 2;
+    }
+    return r;
+  };
+  const auto ra = ranks(a), rb = ranks(b);
+  const double n = static_cast<double>(a.size()), mean = (n + 1) / 2;
+  double cov = 0, va = 0, vb = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    cov += (ra[i] - mean) * (rb[i] - mean);
+    va += (ra[i] - mean) * (ra[i] - mean);
+    vb += (rb[i] - mean) * (rb[i] - mean);
+  }
+  return va > 0 && vb > 0 ? cov / std::sqrt(va * vb) : 1.0;
+}
+
+void report(const std::vector<Result>& results, const Options& o, const std::string& model) {
+  std::printf("# simulator accuracy: %s, backend %s, profile %s\n", model.c_str(), o.backend.c_str(), o.profile.c_str());
+  std::printf("# predicted time: compute and communication serialized; measured: slowest device, median of %d steps\n",
+              o.reps);
+  std::printf("%7s  %-8s %-20s %10s %10s %7s %8s %11s %11s %7s\n", "devices", "strategy", "mesh", "pred(ms)", "meas(ms)",
+              "err%", "comm(ms)", "pred(MiB)", "meas(MiB)", "err%");
+  std::vector<double> pt, mt, pm, mm;
+  double worst_time = 0, worst_memory = 0;
+  for (const auto& r : results) {
+    const double t_err = (r.predicted.step_seconds - r.measured_seconds) / r.measured_seconds * 100;
+    const double m_err = static_cast<double>(r.predicted.peak_bytes - r.measured_peak) /
+                         static_cast<double>(r.measured_peak) * 100;
+    worst_time = std::max(worst_time, std::abs(t_err));
+    worst_memory = std::max(worst_memory, std::abs(m_err));
+    std::printf("%7lld  %-8s %-20s %10.2f %10.2f %+7.1f %8.2f %11.2f %11.2f %+7.2f\n", static_cast<long long>(r.devices),
+                r.strategy.c_str(), r.mesh.c_str(), r.predicted.step_seconds * 1e3, r.measured_seconds * 1e3, t_err,
+                r.predicted.communication_seconds * 1e3, static_cast<double>(r.predicted.peak_bytes) / (1 << 20),
+                static_cast<double>(r.measured_peak) / (1 << 20), m_err);
+    pt.push_back(r.predicted.step_seconds);
+    mt.push_back(r.measured_seconds);
+    pm.push_back(static_cast<double>(r.predicted.peak_bytes));
+    mm.push_back(static_cast<double>(r.measured_peak));
+  }
+  std::printf("# time:        rank correlation %.3f, worst |error| %.1f%% (targets 1.0, 15%%)\n", spearman(pt, mt), worst_time);
+  std::printf("# peak memory: rank correlation %.3f, worst |error| %.2f%% (targets 1.0, 5%%)\n", spearman(pm, mm), worst_memory);
+  if (o.json_path.empty()) return;
+  p::json::Value rows = p::json::array();
+  for (const auto& r : results)
+    rows.push(p::json::object()
+                  .set("devices", r.devices)
+                  .set("strategy", r.strategy)
+                  .set("mesh", r.mesh)
+                  .set("measured_seconds", r.measured_seconds)
+                  .set("measured_peak_bytes", r.measured_peak)
+                  .set("predicted", r.predicted.to_json()));
+  p::json::write_file(o.json_path, p::json::object()
+                                       .set("model", model)
+                                       .set("backend", o.backend)
+                                       .set("time_rank_correlation", spearman(pt, mt))
+                                       .set("memory_rank_correlation", spearman(pm, mm))
+                                       .set("results", std::move(rows)));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options o = parse(argc, argv);
+  try {
+    p::nn::Mlp mlp{"params/mlp", o.sizes};
+    const p::Program step = p::train_step([&](p::Tensor x, p::Tensor y) { return p::mse(mlp(x), y); }, p::Adam{},
+                                          {{"x", {o.batch, o.sizes.front()}}, {"y", {o.batch, o.sizes.back()}}});
+    std::string model = "MLP train step (batch " + std::to_string(o.batch) + ", ";
+    for (std::size_t i = 0; i < o.sizes.size(); ++i) model += (i ? "-" : "") + std::to_string(o.sizes[i]);
+    model += ", ReLU, MSE, Adam, f32)";
+    const p::NamedArrays global = p::init_inputs(step, 0, true);
+    if (!o.trace_dir.empty()) std::filesystem::create_directories(o.trace_dir);
+    std::vector<Result> results;
+    if (o.backend == "threads") {
+      for (auto n : o.devices)
+        p::threads::run(static_cast<int>(n), [&](p::threads::Communicator& c) { run_device_count(c, o, step, global, results); });
+      report(results, o, model);
+    } else if (o.backend == "mpi") {
+#ifdef PARTIR_BENCH_MPI
+      p::mpi::Session session(argc, argv);
+      p::mpi::Communicator comm;
+      run_device_count(comm, o, step, global, results);
+      if (comm.device() == 0) report(results, o, model);
+#else
+      fail("--backend mpi: this build has no MPI");
+#endif
+    } else {
+      fail("unknown backend '" + o.backend + "' (threads or mpi)");
+    }
+  } catch (const p::UserError& e) {
+    std::cerr << "simulator_accuracy: " << e.what() << "\n";
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,311 @@
+#pragma once
+// Reverse-mode automatic differentiation as a Program -> Program transform. grad() appends, after the
+// forward ops, one vector-Jacobian product per op on a path from a differentiated value to the loss, so the
+// backward pass is ordinary IR: sharding, lowering, the simulator and the kernels need nothing new for it.
+//
+// Conventions at non-differentiable points (as in JAX): max/min split the gradient evenly between equal
+// operands, reduce_max splits it evenly among the tied maxima, abs has slope 0 at 0, compare has no
+// gradient, and integer (i32) values never get one.
+#include <algorithm>
+#include <numeric>
+#include <optional>
+
+#include "partir/dsl/functional.hpp"
+
+namespace partir {
+
+namespace detail {
+
+inline void check_loss_type(const std::string& who, const std::string& what, const TensorType& t) {
+  if (t.rank() != 0 || !is_float(t.dtype))
+    user_error(who + ": " + what + " must be a scalar floating-point value, got " + to_string(t));
+}
+
+inline Tensor zeros_like(const Tensor& x) { return full_like(x, 0.0); }
+
+// reduce_sum over exactly `dims` (the DSL's sum() reads an empty list as "all dims").
+inline Tensor reduce_sum_exact(const Tensor& x, std::vector<std::int64_t> dims) {
+  if (dims.empty()) return x;
+  Attrs a;
+  a.dims = std::move(dims);
+  return emit(x.program(), OpKind::reduce_sum, {x.id()}, std::move(a));
+}
+
+// The dims of a rank-`rank` operand that a reduce over `reduced` keeps, ascending.
+inline std::vector<std::int64_t> kept_dims(std::int64_t rank, const std::vector<std::int64_t>& reduced) {
+  std::vector<std::int64_t> kept;
+  for (std::int64_t d = 0; d < rank; ++d)
+    if (std::find(reduced.begin(), reduced.end(), d) == reduced.end()) kept.push_back(d);
+  return kept;
+}
+
+// Gradient of dot_general w.r.t. one operand ("self") from the result's adjoint g and the other operand.
+// g's dims are [batch, lhs free, rhs free]; contracting g's dims of other's free dims with other's free dims
+// (batched alike) gives [batch, self free, self contracting dims ordered as their partners in other], which
+// a transpose puts back into self's dim order.
+inline Tensor dot_general_vjp(const Tensor& g, const Tensor& other, std::int64_t self_rank,
+                              const std::vector<std::int64_t>& self_batch,
+                              const std::vector<std::int64_t>& self_contract,
+                              const std::vector<std::int64_t>& other_batch,
+                              const std::vector<std::int64_t>& other_contract, std::int64_t g_other_free_start) {
+  auto free_dims = [](std::int64_t rank, std::vector<std::int64_t> used, const std::vector<std::int64_t>& more) {
+    used.insert(used.end(), more.begin(), more.end());
+    return kept_dims(rank, used);
+  };
+  const auto self_free = free_dims(self_rank, self_batch, self_contract);
+  const auto other_free = free_dims(other.rank(), other_batch, other_contract);
+  DotDims d;
+  for (std::size_t i = 0; i < self_batch.size(); ++i) d.lhs_batch.push_back(static_cast<std::int64_t>(i));
+  d.rhs_batch = other_batch;
+  for (std::size_t k = 0; k < other_free.size(); ++k)
+    d.lhs_contract.push_back(g_other_free_start + static_cast<std::int64_t>(k));
+  d.rhs_contract = other_free;
+  Tensor r = dot_general(g, other, std::move(d));
+
+  std::vector<std::size_t> by_partner(self_contract.size());
+  std::iota(by_partner.begin(), by_partner.end(), std::size_t{0});
+  std::sort(by_partner.begin(), by_partner.end(),
+            [&](std::size_t a, std::size_t b) { return other_contract[a] < other_contract[b]; });
+  std::vector<std::int64_t> source = self_batch;  // the self dim that each dim of r holds
+  source.insert(source.end(), self_free.begin(), self_free.end());
+  for (auto k : by_partner) source.push_back(self_contract[k]);
+  std::vector<std::int64_t> perm(source.size());
+  bool identity = true;
+  for (std::size_t i = 0; i < source.size(); ++i) {
+    perm[static_cast<std::size_t>(source[i])] = static_cast<std::int64_t>(i);
+    identity = identity && source[i] == static_cast<std::int64_t>(i);
+  }
+  return identity ? r : transpose(r, std::move(perm));
+}
+
+// Calls accumulate(i, contribution) for each operand i of op v that needs an adjoint, given v's adjoint g.
+// `op` is a copy: emitting ops grows the program and would invalidate a reference into it.
+template <class Accumulate>
+void vjp(Program& p, ValueId v, const Op& op, const Tensor& g, const std::vector<char>& needs, Accumulate accumulate) {
+  auto operand = [&](std::size_t i) { return Tensor{p, op.operands[i]}; };
+  auto depends = [&](ValueId o) { return needs[static_cast<std::size_t>(o)] != 0; };
+  auto needed = [&](std::size_t i) { return depends(op.operands[i]); };
+  if (std::none_of(op.operands.begin(), op.operands.end(), depends)) return;  // v is a wrt value, its operands not
+  const Tensor y{p, v};
+  const Attrs& a = op.attrs;
+  switch (op.kind) {
+    case OpKind::input:
+    case OpKind::constant:
+    case OpKind::compare:
+    case OpKind::count_: return;
+    case OpKind::neg: accumulate(0, -g); return;
+    case OpKind::exp: accumulate(0, g * y); return;
+    case OpKind::log: accumulate(0, g / operand(0)); return;
+    case OpKind::tanh: accumulate(0, g * (1.0 - y * y)); return;
+    case OpKind::rsqrt: accumulate(0, (-0.5 * g) * (y * y * y)); return;  // d x^-1/2 = -1/2 x^-3/2
+    case OpKind::sqrt: accumulate(0, g / (2.0 * y)); return;
+    case OpKind::abs: {
+      const Tensor x = operand(0), zero = zeros_like(x);
+      accumulate(0, g * (compare(x, zero, CompareDir::gt) - compare(x, zero, CompareDir::lt)));
+      return;
+    }
+    case OpKind::add:
+      if (needed(0)) accumulate(0, g);
+      if (needed(1)) accumulate(1, g);
+      return;
+    case OpKind::sub:
+      if (needed(0)) accumulate(0, g);
+      if (needed(1)) accumulate(1, -g);
+      return;
+    case OpKind::mul:
+      if (op.operands[0] == op.operands[1]) {  // x * x (squares): one product instead of two
+        const Tensor gx = g * operand(0);
+        accumulate(0, gx + gx);
+        return;
+      }
+      if (needed(0)) accumulate(0, g * operand(1));
+      if (needed(1)) accumulate(1, g * operand(0));
+      return;
+    case OpKind::div: {
+      const Tensor q = g / operand(1);
+      if (needed(0)) accumulate(0, q);
+      if (needed(1)) accumulate(1, -(q * y));  // d(a/b)/db = -(a/b)/b
+      return;
+    }
+    case OpKind::max:
+    case OpKind::min: {
+      const auto wins = op.kind == OpKind::max ? CompareDir::gt : CompareDir::lt;
+      const Tensor x0 = operand(0), x1 = operand(1);
+      const Tensor g0 = g * (compare(x0, x1, wins) + 0.5 * compare(x0, x1, CompareDir::eq));
+      if (needed(0)) accumulate(0, g0);
+      if (needed(1)) accumulate(1, g - g0);
+      return;
+    }
+    case OpKind::pow: {
+      const Tensor base = operand(0), exponent = operand(1);
+      if (needed(0)) {  // b * a^(b-1), taken as 0 where b == 0 (where it would be 0 * inf at a == 0)
+        const Tensor zero = zeros_like(exponent);
+        accumulate(0, g * select(compare(exponent, zero, CompareDir::eq), zero, exponent * pow(base, exponent - 1.0)));
+      }
+      if (needed(1)) {  // a^b log a, taken as 0 where a == 0 (there a^b is 0 for b > 0)
+        const Tensor zero = zeros_like(base);
+        accumulate(1, g * y * log(select(compare(base, zero, CompareDir::eq), full_like(base, 1.0), base)));
+      }
+      return;
+    }
+    case OpKind::select: {
+      const Tensor mask = operand(0), zero = zeros_like(g);
+      if (needed(1)) accumulate(1, select(mask, g, zero));
+      if (needed(2)) accumulate(2, select(mask, zero, g));
+      return;
+    }
+    case OpKind::convert: accumulate(0, convert(g, operand(0).dtype())); return;
+    case OpKind::dot_general: {
+      const auto& d = a.dot;
+      const Tensor lhs = operand(0), rhs = operand(1);
+      const auto batch = static_cast<std::int64_t>(d.lhs_batch.size());
+      const auto lhs_free = lhs.rank() - batch - static_cast<std::int64_t>(d.lhs_contract.size());
+      if (needed(0))
+        accumulate(0, dot_general_vjp(g, rhs, lhs.rank(), d.lhs_batch, d.lhs_contract, d.rhs_batch, d.rhs_contract,
+                                      batch + lhs_free));
+      if (needed(1))
+        accumulate(1, dot_general_vjp(g, lhs, rhs.rank(), d.rhs_batch, d.rhs_contract, d.lhs_batch, d.lhs_contract,
+                                      batch));
+      return;
+    }
+    case OpKind::reduce_sum: {
+      const Tensor x = operand(0);
+      accumulate(0, broadcast_in_dim(g, x.shape(), kept_dims(x.rank(), a.dims)));
+      return;
+    }
+    case OpKind::reduce_max: {
+      const Tensor x = operand(0);
+      const auto kept = kept_dims(x.rank(), a.dims);
+      const Tensor argmax = compare(x, broadcast_in_dim(y, x.shape(), kept), CompareDir::eq);
+      const Tensor ties = broadcast_in_dim(reduce_sum_exact(argmax, a.dims), x.shape(), kept);
+      accumulate(0, broadcast_in_dim(g, x.shape(), kept) * argmax / ties);
+      return;
+    }
+    case OpKind::broadcast_in_dim: {
+      // Sum over the result dims that the operand does not have or stretches from size 1, then restore
+      // the operand's size-1 dims.
+      const Tensor x = operand(0);
+      std::vector<std::int64_t> summed;
+      for (std::int64_t r = 0; r < g.rank(); ++r) {
+        auto it = std::find(a.dims.begin(), a.dims.end(), r);
+        if (it == a.dims.end() || (x.dim(it - a.dims.begin()) == 1 && g.dim(r) != 1)) summed.push_back(r);
+      }
+      accumulate(0, reshape(reduce_sum_exact(g, std::move(summed)), x.shape()));
+      return;
+    }
+    case OpKind::reshape: accumulate(0, reshape(g, operand(0).shape())); return;
+    case OpKind::transpose: {
+      std::vector<std::int64_t> inverse(a.dims.size());
+      for (std::size_t i = 0; i < a.dims.size(); ++i)
+        inverse[static_cast<std::size_t>(a.dims[i])] = static_cast<std::int64_t>(i);
+      accumulate(0, transpose(g, std::move(inverse)));
+      return;
+    }
+    case OpKind::slice: {
+      const Shape& s = operand(0).shape();
+      std::vector<std::int64_t> high(s.size());
+      for (std::size_t i = 0; i < s.size(); ++i) high[i] = s[i] - a.hi[i];
+      accumulate(0, pad(g, a.lo, std::move(high)));
+      return;
+    }
+    case OpKind::pad: {
+      const Shape& s = operand(0).shape();
+      std::vector<std::int64_t> limit(s.size());
+      for (std::size_t i = 0; i < s.size(); ++i) limit[i] = a.lo[i] + s[i];
+      accumulate(0, slice(g, a.lo, std::move(limit)));
+      return;
+    }
+    case OpKind::concatenate: {
+      std::int64_t offset = 0;
+      for (std::size_t i = 0; i < op.operands.size(); ++i) {
+        const auto size = operand(i).dim(a.axis);
+        if (needed(i)) {
+          std::vector<std::int64_t> start(static_cast<std::size_t>(g.rank()), 0);
+          std::vector<std::int64_t> limit = g.shape();
+          start[static_cast<std::size_t>(a.axis)] = offset;
+          limit[static_cast<std::size_t>(a.axis)] = offset + size;
+          accumulate(i, slice(g, std::move(start), std::move(limit)));
+        }
+        offset += size;
+      }
+      return;
+    }
+    case OpKind::gather: accumulate(0, scatter_add(operand(1), g, operand(0).shape())); return;
+    case OpKind::scatter_add: accumulate(1, gather(g, operand(0))); return;
+  }
+}
+
+}  // namespace detail
+
+// Appends to p the backward pass of `loss` (a scalar float value) and returns d loss / d w for each w in
+// wrt: a value of w's type, zeros if w does not influence the loss. Adjoints of values used several times
+// are summed with add. Only the ops between a wrt value and the loss are differentiated.
+inline std::vector<ValueId> grad(Program& p, ValueId loss, const std::vector<ValueId>& wrt) {
+  auto check_defined = [&](ValueId v, const std::string& what) {
+    if (v < 0 || v >= p.size())
+      user_error("grad: " + what + " %" + std::to_string(v) + " is not defined in program '" + p.name() + "'");
+  };
+  check_defined(loss, "loss");
+  detail::check_loss_type("grad", "loss " + p.label(loss), p.type(loss));
+  for (auto w : wrt) {
+    check_defined(w, "wrt value");
+    if (!is_float(p.type(w).dtype))
+      user_error("grad: cannot differentiate with respect to " + p.label(w) + " " + to_string(p.type(w)) +
+                 ": only floating-point values have gradients");
+  }
+
+  // needs[v]: v is a float value that depends on some wrt value, so its adjoint is worth computing (compare
+  // results are piecewise constant: their adjoint would be zero).
+  const auto n = static_cast<std::size_t>(loss) + 1;
+  std::vector<char> needs(n, 0);
+  for (auto w : wrt)
+    if (w <= loss) needs[static_cast<std::size_t>(w)] = 1;
+  for (ValueId v = 0; v <= loss; ++v) {
+    const Op& op = p.op(v);
+    if (!is_float(op.type.dtype) || op.kind == OpKind::compare) continue;
+    for (auto o : op.operands) needs[static_cast<std::size_t>(v)] |= needs[static_cast<std::size_t>(o)];
+  }
+
+  std::vector<std::optional<ValueId>> adjoint(n);
+  if (needs[static_cast<std::size_t>(loss)]) adjoint.back() = constant(p, 1.0, {}, p.type(loss).dtype).id();
+  // Every use of v comes after v, so v's adjoint is complete when the reverse walk reaches it.
+  for (ValueId v = loss; v >= 0; --v) {
+    const auto& g = adjoint[static_cast<std::size_t>(v)];
+    if (!g) continue;
+    const Op op = p.op(v);
+    detail::vjp(p, v, op, Tensor{p, *g}, needs, [&](std::size_t i, const Tensor& contribution) {
+      auto& slot = adjoint[static_cast<std::size_t>(op.operands[i])];
+      slot = slot ? (Tensor{p, *slot} + contribution).id() : contribution.id();
+    });
+  }
+
+  std::vector<ValueId> grads;
+  for (auto w : wrt) {
+    if (w <= loss && adjoint[static_cast<std::size_t>(w)]) grads.push_back(*adjoint[static_cast<std::size_t>(w)]);
+    else grads.push_back(detail::zeros_like(Tensor{p, w}).id());
+  }
+  return grads;
+}
+
+// A copy of f that also computes the gradient of output `loss_output` w.r.t. the named inputs (all
+// parameters if wrt is empty): f's outputs, then "grad/<input name>" for each.
+inline Program value_and_grad(const Program& f, const std::string& loss_output, std::vector<std::string> wrt = {}) {
+  auto loss = f.find_output(loss_output);
+  if (!loss) user_error("value_and_grad: program '" + f.name() + "' has no output named '" + loss_output + "'");
+  detail::check_loss_type("value_and_grad", "output '" + loss_output + "'", f.type(*loss));
+  if (wrt.empty())
+    for (auto v : f.inputs())
+      if (f.op(v).attrs.input_kind == InputKind::parameter) wrt.push_back(f.op(v).name);
+  std::vector<ValueId> ids;
+  for (const auto& name : wrt) {
+    auto v = f.find_input(name);
+    if (!v) user_error("value_and_grad: program '" + f.name() + "' has no input named '" + name + "'");
+    ids.push_back(*v);
+  }
+  Program out = f;
+  const auto grads = grad(out, *loss, ids);
+  for (std::size_t i = 0; i < wrt.size(); ++i) out.add_output("grad/" + wrt[i], grads[i]);
+  return out;
+}
+
+}  // namespace partir

@@ -1,0 +1,78 @@
+#pragma once
+// The cost formulas the simulator applies, one device at a time.
+//   Local ops: a roofline. FLOPs = FLOPs per point x the op's iteration space, the product of the factor
+//   sizes of its rule in the tile-mapping registry (dot_general: 2 x batch x M x N x K; reduce: the operand's
+//   elements; elementwise: the result's elements); layout ops move data and do no arithmetic. Bytes = the
+//   operands read plus the result written. Time = op_overhead + max(FLOPs / peak, bytes / bandwidth).
+//   Collectives: ring algorithms on a group of n devices, S = the larger of the local operand and result
+//   buffers, one alpha-beta link: all_gather, reduce_scatter and all_to_all (n-1)(alpha + beta S/n),
+//   all_reduce twice that; all_slice communicates nothing and is costed as the local copy it is.
+#include <span>
+
+#include "partir/sharding/rules.hpp"
+#include "partir/sim/hardware_profile.hpp"
+
+namespace partir {
+
+struct Work {
+  double flops = 0;
+  double bytes = 0;
+};
+
+// Arithmetic per point of an op's iteration space: a multiply-add for dot_general, one operation for
+// elementwise ops and reductions, none for ops that only move data.
+inline double flops_per_point(OpKind k) {
+  if (k == OpKind::dot_general) return 2;
+  if (is_elementwise(k) || k == OpKind::reduce_sum || k == OpKind::reduce_max) return 1;
+  return 0;
+}
+
+// The work of one local op with operands of types `in` (per device).
+inline Work local_work(const Op& op, std::span<const TensorType> in) {
+  if (op.kind == OpKind::input) return {};
+  Work w;
+  w.bytes = static_cast<double>(op.type.bytes());
+  for (const auto& t : in) w.bytes += static_cast<double>(t.bytes());
+  // scatter_add adds each update row into the table: one add per update element.
+  if (op.kind == OpKind::scatter_add) w.flops = static_cast<double>(in[1].elements());
+  if (const double per_point = flops_per_point(op.kind); per_point > 0) {
+    double points = 1;
+    for (const auto& f : rule_for(op, in).factors) points *= static_cast<double>(f.size);
+    w.flops = per_point * points;
+  }
+  return w;
+}
+
+// The slower of the two roofline limits decides; `compute_bound` tells which.
+inline double roofline_seconds(const Work& w, DType t, const HardwareProfile& hw, bool* compute_bound = nullptr) {
+  const double compute = w.flops > 0 ? w.flops / hw.flops_per_second(t) : 0;
+  const double memory = hw.memory_bandwidth > 0 ? w.bytes / hw.memory_bandwidth : 0;
+  if (compute_bound) *compute_bound = compute >= memory;
+  return hw.op_overhead + std::max(compute, memory);
+}
+
+// Ring time of a collective moving a buffer of `bytes` (the larger of operand and result) over n devices.
+inline double ring_seconds(CollectiveKind k, std::int64_t n, double bytes, const Link& link) {
+  if (n <= 1 || k == CollectiveKind::all_slice) return 0;
+  const double steps = static_cast<double>((k == CollectiveKind::all_reduce ? 2 : 1) * (n - 1));
+  return steps * (link.alpha + link.beta * bytes / static_cast<double>(n));
+}
+
+// Bytes each device sends in the ring algorithm: what ZeRO's "2 Psi per device" counts.
+inline double wire_bytes(CollectiveKind k, std::int64_t n, double bytes) {
+  if (n <= 1 || k == CollectiveKind::all_slice) return 0;
+  const double steps = static_cast<double>((k == CollectiveKind::all_reduce ? 2 : 1) * (n - 1));
+  return steps * bytes / static_cast<double>(n);
+}
+
+// nccl-tests' bus bandwidth factor: busbw = algbw x this, so that busbw compares with the link's bandwidth
+// whatever the collective.
+inline double bus_factor(CollectiveKind k, std::int64_t n) {
+  if (n <= 1) return 0;
+  const double f = static_cast<double>(n - 1) / static_cast<double>(n);
+  return k == CollectiveKind::all_reduce ? 2 * f : f;
+}
+
+inline std::int64_t group_size(const Collective& c, const Mesh& mesh) { return tile_count(c.axes, mesh); }
+
+}  // namespace partir

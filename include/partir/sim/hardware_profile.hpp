@@ -1,0 +1,176 @@
+#pragma once
+// HardwareProfile: what the simulator knows about one device and the links between devices. Compute is a
+// roofline (peak FLOP/s per dtype, memory bandwidth, a fixed cost per op); communication is alpha-beta
+// (latency per message, seconds per byte) chosen per mesh axis, collective kind and group size by rules,
+// the most specific matching rule winning. Profiles are values: built in (this CPU class, A100/H100/H200
+// NVLink from public specs), calibrated on the real machine (sim/calibrate.hpp), saved and loaded as JSON.
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "partir/sim/json.hpp"
+#include "partir/spmd/spmd_program.hpp"
+
+namespace partir {
+
+// Cost of one message of b bytes: alpha + beta * b.
+struct Link {
+  double alpha = 0;  // seconds per message
+  double beta = 0;   // seconds per byte (1 / bandwidth)
+  friend bool operator==(const Link&, const Link&) = default;
+};
+
+// Where a link applies: "*" or a mesh axis name, "*" or a collective kind, 0 (any) or a group size.
+struct LinkRule {
+  std::string axis = "*";
+  std::string collective = "*";
+  std::int64_t group_size = 0;
+  Link link;
+  friend bool operator==(const LinkRule&, const LinkRule&) = default;
+};
+
+inline CollectiveKind parse_collective_kind(std::string_view s) {
+  for (auto k : {CollectiveKind::all_gather, CollectiveKind::all_slice, CollectiveKind::all_reduce,
+                 CollectiveKind::reduce_scatter, CollectiveKind::all_to_all})
+    if (name_of(k) == s) return k;
+  user_error("unknown collective '" + std::string(s) +
+             "' (expected all_gather, all_slice, all_reduce, reduce_scatter or all_to_all)");
+}
+
+struct HardwareProfile {
+  std::string name;
+  std::string source;                  // where the figures come from (spec sheet, calibration run)
+  std::map<DType, double> peak_flops;  // per device, FLOP/s
+  double memory_bandwidth = 0;         // bytes/s per device, operands read plus results written
+  double op_overhead = 0;              // seconds per local op: dispatch, allocation, kernel launch
+  std::int64_t memory_capacity = 0;    // bytes per device, 0 if unknown
+  std::vector<LinkRule> links;
+
+  double flops_per_second(DType t) const {
+    auto it = peak_flops.find(t);
+    if (it == peak_flops.end() || it->second <= 0)
+      user_error("hardware profile '" + name + "' has no peak FLOP/s for " + std::string(name_of(t)));
+    return it->second;
+  }
+
+  // The link a collective over `axes` (a group of `group_size` devices) uses. Specificity: a named axis
+  // outranks a collective kind, which outranks a group size. Among equally specific rules for different
+  // axes of a multi-axis group, the slowest per byte bounds the ring and is taken.
+  Link link(CollectiveKind kind, const AxisList& axes, std::int64_t group_size) const {
+    const LinkRule* best = nullptr;
+    int best_score = -1;
+    for (const auto& r : links) {
+      const bool axis_named = r.axis != "*";
+      if (axis_named && std::find(axes.begin(), axes.end(), r.axis) == axes.end()) continue;
+      if (r.collective != "*" && r.collective != name_of(kind)) continue;
+      if (r.group_size != 0 && r.group_size != group_size) continue;
+      const int score = 4 * axis_named + 2 * (r.collective != "*") + (r.group_size != 0);
+      if (score > best_score || (score == best_score && r.link.beta > best->link.beta)) {
+        best = &r;
+        best_score = score;
+      }
+    }
+    if (!best)
+      user_error("hardware profile '" + name + "' has no link for " + std::string(name_of(kind)) + " over " +
+                 to_string(axes) + " (" + std::to_string(group_size) + " devices); add a rule with axis \"*\"");
+    return best->link;
+  }
+
+  json::Value to_json() const {
+    json::Value flops = json::object();
+    for (const auto& [t, f] : peak_flops) flops.set(std::string(name_of(t)), f);
+    json::Value rules = json::array();
+    for (const auto& r : links) {
+      json::Value rule = json::object();
+      rule.set("axis", r.axis).set("collective", r.collective).set("group_size", r.group_size);
+      rule.set("alpha", r.link.alpha).set("beta", r.link.beta);
+      rules.push(std::move(rule));
+    }
+    json::Value out = json::object();
+    out.set("name", name).set("source", source).set("peak_flops", std::move(flops));
+    out.set("memory_bandwidth", memory_bandwidth).set("op_overhead", op_overhead);
+    out.set("memory_capacity", memory_capacity).set("links", std::move(rules));
+    return out;
+  }
+
+  static HardwareProfile from_json(const json::Value& v) {
+    HardwareProfile p;
+    p.name = v.at("name").string();
+    if (auto* s = v.find("source")) p.source = s->string();
+    for (const auto& [t, f] : v.at("peak_flops").object()) p.peak_flops[parse_dtype(t)] = f.number();
+    p.memory_bandwidth = v.at("memory_bandwidth").number();
+    if (auto* o = v.find("op_overhead")) p.op_overhead = o->number();
+    if (auto* m = v.find("memory_capacity")) p.memory_capacity = m->integer();
+    for (const auto& r : v.at("links").array()) {
+      LinkRule rule;
+      if (auto* a = r.find("axis")) rule.axis = a->string();
+      if (auto* c = r.find("collective")) rule.collective = c->string();
+      if (rule.collective != "*") parse_collective_kind(rule.collective);
+      if (auto* g = r.find("group_size")) rule.group_size = g->integer();
+      rule.link = {r.at("alpha").number(), r.at("beta").number()};
+      p.links.push_back(std::move(rule));
+    }
+    return p;
+  }
+
+  void save(const std::string& path) const { json::write_file(path, to_json()); }
+  static HardwareProfile load(const std::string& path) {
+    try {
+      return from_json(json::read_file(path));
+    } catch (const UserError& e) {
+      user_error("hardware profile " + path + ": " + e.what());
+    }
+  }
+
+  // The 2-core x86 VM partir is developed on (DESIGN.md, environment facts), one device per core:
+  // Eigen sgemm ~80 GFLOP/s per thread, memcpy ~11 GB/s, Open MPI shared memory ~4.8 GB/s bus bandwidth.
+  // A calibration run (bench/collectives --calibrate) replaces these with measured figures.
+  static HardwareProfile cpu() {
+    return {"cpu", "DESIGN.md environment facts (2-core x86 VM, Eigen, Open MPI shared memory)",
+            {{DType::f32, 80e9}, {DType::f64, 40e9}, {DType::i32, 20e9}}, 11e9, 2e-6, std::int64_t{24} << 30,
+            {{"*", "*", 0, {2e-6, 1 / 4.8e9}}}};
+  }
+  // Public spec sheets (SXM parts; f32 without tensor cores; bandwidth per direction of one GPU's NVLink;
+  // alpha: NCCL's few-microsecond ring step). Real runs reach ~80% of these; calibrate to know.
+  static HardwareProfile a100_nvlink() {
+    return {"a100-nvlink", "NVIDIA A100 SXM4 80GB datasheet: 19.5 TFLOP/s fp32, 9.7 fp64, 2.04 TB/s HBM2e, NVLink3 600 GB/s",
+            {{DType::f32, 19.5e12}, {DType::f64, 9.7e12}, {DType::i32, 19.5e12}}, 2.039e12, 5e-6,
+            std::int64_t{80} << 30, {{"*", "*", 0, {5e-6, 1 / 300e9}}}};
+  }
+  static HardwareProfile h100_nvlink() {
+    return {"h100-nvlink", "NVIDIA H100 SXM5 80GB datasheet: 67 TFLOP/s fp32, 34 fp64, 3.35 TB/s HBM3, NVLink4 900 GB/s",
+            {{DType::f32, 67e12}, {DType::f64, 34e12}, {DType::i32, 33.5e12}}, 3.35e12, 4e-6,
+            std::int64_t{80} << 30, {{"*", "*", 0, {4e-6, 1 / 450e9}}}};
+  }
+  static HardwareProfile h200_nvlink() {
+    return {"h200-nvlink", "NVIDIA H200 SXM 141GB datasheet: 67 TFLOP/s fp32, 34 fp64, 4.8 TB/s HBM3e, NVLink4 900 GB/s",
+            {{DType::f32, 67e12}, {DType::f64, 34e12}, {DType::i32, 33.5e12}}, 4.8e12, 4e-6,
+            std::int64_t{141} << 30, {{"*", "*", 0, {4e-6, 1 / 450e9}}}};
+  }
+
+  static std::vector<std::string> builtin_names() { return {"cpu", "a100-nvlink", "h100-nvlink", "h200-nvlink"}; }
+  static HardwareProfile builtin(std::string_view name) {
+    if (name == "cpu") return cpu();
+    if (name == "a100-nvlink") return a100_nvlink();
+    if (name == "h100-nvlink") return h100_nvlink();
+    if (name == "h200-nvlink") return h200_nvlink();
+    user_error("no built-in hardware profile '" + std::string(name) + "' (cpu, a100-nvlink, h100-nvlink, h200-nvlink)");
+  }
+  // A built-in name or a JSON file.
+  static HardwareProfile named(const std::string& name_or_path) {
+    for (const auto& n : builtin_names())
+      if (n == name_or_path) return builtin(n);
+    return load(name_or_path);
+  }
+  // The profile of this machine: the file (or built-in name) in $PARTIR_PROFILE, else the CPU built-in.
+  static HardwareProfile detect() {
+    const char* env = std::getenv("PARTIR_PROFILE");
+    return env && *env ? named(env) : cpu();
+  }
+
+  friend bool operator==(const HardwareProfile&, const HardwareProfile&) = default;
+};
+
+}  // namespace partir

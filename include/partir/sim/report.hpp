@@ -1,0 +1,182 @@
+#pragma once
+// Report: what simulate() predicts for one step of an SpmdProgram on one device (every device runs the same
+// program on same-sized pieces, so one device speaks for all): the timeline of ops and collectives, the step
+// time with compute and communication SERIALIZED (no overlap is modelled, so the step time is an upper
+// bound where a backend overlaps them), and the peak memory from buffer liveness with its breakdown.
+// Printable as a table (operator<<) and as JSON (to_json).
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <ostream>
+
+#include "partir/sim/json.hpp"
+#include "partir/spmd/spmd_program.hpp"
+
+namespace partir {
+
+// What a resident buffer holds. Inputs by their InputKind; an output that updates an input takes that
+// input's kind (new parameters, new optimizer state); a collective's result is a collective buffer; other
+// intermediates are activations when some plain output (the loss) depends on them, else gradients (the
+// backward pass and the optimizer's arithmetic).
+enum class MemoryKind : std::uint8_t { parameters, optimizer_state, data, activations, gradients, collective_buffers, count_ };
+
+inline std::string_view name_of(MemoryKind k) {
+  static constexpr std::array<std::string_view, 6> names{"parameters", "optimizer_state", "data",
+                                                         "activations", "gradients", "collective_buffers"};
+  return names[static_cast<std::size_t>(k)];
+}
+
+struct MemoryBreakdown {
+  std::array<std::int64_t, static_cast<std::size_t>(MemoryKind::count_)> bytes{};
+  std::int64_t& operator[](MemoryKind k) { return bytes[static_cast<std::size_t>(k)]; }
+  std::int64_t operator[](MemoryKind k) const { return bytes[static_cast<std::size_t>(k)]; }
+  std::int64_t total() const {
+    std::int64_t t = 0;
+    for (auto b : bytes) t += b;
+    return t;
+  }
+  friend bool operator==(const MemoryBreakdown&, const MemoryBreakdown&) = default;
+};
+
+// One step of the simulated timeline: a local op or a collective.
+struct TimedOp {
+  ValueId value = -1;
+  std::string what;   // op kind, or collective with its axes: all_reduce{batch}
+  std::string label;  // the op's name or tag, else %id
+  bool communication = false;
+  double start = 0, seconds = 0;
+  double flops = 0;       // local ops
+  double bytes = 0;       // local ops: bytes read and written; collectives: the buffer (S)
+  double wire_bytes = 0;  // collectives: bytes each device sends
+  std::int64_t group_size = 0;
+  std::string bound;      // compute | memory | link
+  std::string reason;     // collectives: why lowering inserted it
+};
+
+struct Report {
+  std::string program;
+  std::string profile;
+  Mesh mesh;
+  double compute_seconds = 0;
+  double communication_seconds = 0;
+  double step_seconds = 0;  // compute + communication, serialized
+  double flops = 0;         // per device
+  double wire_bytes = 0;    // per device, all collectives
+  std::int64_t peak_bytes = 0;
+  ValueId peak_at = -1;     // the op during which the peak occurs (-1: before the first op)
+  MemoryBreakdown peak;     // what is resident at the peak
+  MemoryBreakdown inputs;   // the inputs, resident for the whole step: the model state a device keeps
+  std::int64_t memory_capacity = 0;  // the profile's, 0 if unknown
+  std::vector<TimedOp> timeline;
+
+  std::vector<const TimedOp*> collectives() const {
+    std::vector<const TimedOp*> out;
+    for (const auto& t : timeline)
+      if (t.communication) out.push_back(&t);
+    return out;
+  }
+
+  json::Value to_json() const {
+    json::Value memory = json::object();
+    memory.set("peak_bytes", peak_bytes).set("peak_at", peak_at);
+    json::Value breakdown = json::object();
+    for (std::size_t k = 0; k < peak.bytes.size(); ++k) breakdown.set(std::string(name_of(MemoryKind(k))), peak.bytes[k]);
+    json::Value resident = json::object();
+    for (std::size_t k = 0; k < inputs.bytes.size(); ++k)
+      if (inputs.bytes[k]) resident.set(std::string(name_of(MemoryKind(k))), inputs.bytes[k]);
+    memory.set("breakdown", std::move(breakdown)).set("inputs", std::move(resident)).set("capacity", memory_capacity);
+    json::Value ops = json::array();
+    for (const auto& t : timeline) {
+      json::Value o = json::object();
+      o.set("value", t.value).set("what", t.what).set("label", t.label).set("communication", t.communication);
+      o.set("start_s", t.start).set("seconds", t.seconds).set("bound", t.bound);
+      if (t.communication) {
+        o.set("bytes", t.bytes).set("wire_bytes", t.wire_bytes).set("group_size", t.group_size).set("reason", t.reason);
+      } else {
+        o.set("flops", t.flops).set("bytes", t.bytes);
+      }
+      ops.push(std::move(o));
+    }
+    json::Value out = json::object();
+    out.set("program", program).set("profile", profile).set("mesh", mesh.to_string());
+    out.set("time_model", "compute and communication serialized (no overlap)");
+    out.set("step_seconds", step_seconds).set("compute_seconds", compute_seconds);
+    out.set("communication_seconds", communication_seconds).set("flops", flops).set("wire_bytes", wire_bytes);
+    out.set("collectives", static_cast<std::int64_t>(collectives().size()));
+    out.set("memory", std::move(memory)).set("timeline", std::move(ops));
+    return out;
+  }
+};
+
+namespace detail {
+inline std::string human_bytes(double b) {
+  char buf[32];
+  if (b >= 1 << 30) std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
+  else if (b >= 1 << 20) std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1 << 20));
+  else if (b >= 1 << 10) std::snprintf(buf, sizeof buf, "%.2f KiB", b / (1 << 10));
+  else std::snprintf(buf, sizeof buf, "%.0f B", b);
+  return buf;
+}
+inline std::string human_seconds(double s) {
+  char buf[32];
+  if (s >= 1) std::snprintf(buf, sizeof buf, "%.3f s", s);
+  else if (s >= 1e-3) std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
+  else std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  return buf;
+}
+}  // namespace detail
+
+// A summary, the memory breakdown at the peak, every collective, and the ops that take the most time.
+inline std::ostream& operator<<(std::ostream& os, const Report& r) {
+  using detail::human_bytes, detail::human_seconds;
+  char line[256];
+  os << "simulated " << r.program << " on " << r.mesh.to_string() << ", profile " << r.profile
+     << " (per device; compute and communication serialized, no overlap)\n";
+  std::snprintf(line, sizeof line, "  step %s = compute %s + communication %s; %.3g GFLOP, %s sent\n",
+                human_seconds(r.step_seconds).c_str(), human_seconds(r.compute_seconds).c_str(),
+                human_seconds(r.communication_seconds).c_str(), r.flops / 1e9, human_bytes(r.wire_bytes).c_str());
+  os << line;
+  os << "  peak memory " << human_bytes(static_cast<double>(r.peak_bytes));
+  if (r.peak_at >= 0) os << " during %" << r.peak_at;
+  if (r.memory_capacity > 0)
+    os << " (" << (r.peak_bytes <= r.memory_capacity ? "fits" : "DOES NOT FIT") << " in "
+       << human_bytes(static_cast<double>(r.memory_capacity)) << ")";
+  os << "\n";
+  std::snprintf(line, sizeof line, "    %-20s %12s %12s\n", "", "at peak", "inputs");
+  os << line;
+  for (std::size_t k = 0; k < r.peak.bytes.size(); ++k) {
+    std::snprintf(line, sizeof line, "    %-20s %12s %12s\n", std::string(name_of(MemoryKind(k))).c_str(),
+                  human_bytes(static_cast<double>(r.peak.bytes[k])).c_str(),
+                  human_bytes(static_cast<double>(r.inputs.bytes[k])).c_str());
+    os << line;
+  }
+  const auto collectives = r.collectives();
+  os << "  collectives: " << collectives.size() << "\n";
+  if (!collectives.empty()) {
+    std::snprintf(line, sizeof line, "    %6s  %-30s %5s %12s %12s  %s\n", "value", "collective", "n", "bytes", "time", "reason");
+    os << line;
+  }
+  for (const auto* c : collectives) {
+    std::snprintf(line, sizeof line, "    %6s  %-30s %5lld %12s %12s  ", ("%" + std::to_string(c->value)).c_str(),
+                  c->what.c_str(), static_cast<long long>(c->group_size), human_bytes(c->bytes).c_str(),
+                  human_seconds(c->seconds).c_str());
+    os << line << c->reason << "\n";
+  }
+  std::vector<const TimedOp*> local;
+  for (const auto& t : r.timeline)
+    if (!t.communication) local.push_back(&t);
+  std::stable_sort(local.begin(), local.end(), [](auto* a, auto* b) { return a->seconds > b->seconds; });
+  local.resize(std::min<std::size_t>(local.size(), 10));
+  os << "  slowest local ops:\n";
+  std::snprintf(line, sizeof line, "    %6s  %-18s %-28s %12s %10s %12s  %s\n", "value", "op", "name", "time", "GFLOP", "bytes", "bound");
+  os << line;
+  for (const auto* t : local) {
+    std::snprintf(line, sizeof line, "    %6s  %-18s %-28s %12s %10.3g %12s  %s\n", ("%" + std::to_string(t->value)).c_str(),
+                  t->what.c_str(), t->label.substr(0, 28).c_str(), human_seconds(t->seconds).c_str(), t->flops / 1e9,
+                  human_bytes(t->bytes).c_str(), t->bound.c_str());
+    os << line;
+  }
+  return os;
+}
+
+}  // namespace partir

@@ -1,0 +1,119 @@
+#pragma once
+// simulate(spmd, profile): walks the per-device program in order, costs each local op with the roofline
+// and each collective with its ring formula (sim/cost_model.hpp), and replays buffer liveness exactly as
+// the executor accounts it: inputs resident for the whole step, an intermediate from its op to its last
+// use (an op's operands and result count together), outputs to the end.
+#include "partir/sim/cost_model.hpp"
+#include "partir/sim/report.hpp"
+
+namespace partir {
+
+namespace detail {
+
+inline bool is_program_input(const SpmdOp& s) { return s.op.kind == OpKind::input && !s.collective; }
+
+// The MemoryKind of every value (see MemoryKind).
+inline std::vector<MemoryKind> memory_kinds(const SpmdProgram& p) {
+  const auto n = static_cast<std::size_t>(p.size());
+  auto kind_of_input = [](InputKind k) {
+    switch (k) {
+      case InputKind::parameter: return MemoryKind::parameters;
+      case InputKind::optimizer_state: return MemoryKind::optimizer_state;
+      case InputKind::data: return MemoryKind::data;
+    }
+    return MemoryKind::data;
+  };
+  std::vector<MemoryKind> kinds(n, MemoryKind::gradients);
+  // Values some plain output depends on: the forward pass.
+  std::vector<bool> forward(n, false);
+  for (const auto& o : p.outputs())
+    if (o.updates.empty()) forward[static_cast<std::size_t>(o.value)] = true;
+  for (auto v = n; v-- > 0;)
+    if (forward[v])
+      for (auto operand : p.op(static_cast<ValueId>(v)).op.operands) forward[static_cast<std::size_t>(operand)] = true;
+  for (std::size_t v = 0; v < n; ++v) {
+    const SpmdOp& s = p.op(static_cast<ValueId>(v));
+    if (is_program_input(s)) kinds[v] = kind_of_input(s.op.attrs.input_kind);
+    else if (s.collective) kinds[v] = MemoryKind::collective_buffers;
+    else if (forward[v]) kinds[v] = MemoryKind::activations;
+  }
+  for (const auto& o : p.outputs()) {
+    if (o.updates.empty() || is_program_input(p.op(o.value))) continue;
+    for (const auto& in : p.inputs())
+      if (in.name == o.updates) kinds[static_cast<std::size_t>(o.value)] = kinds[static_cast<std::size_t>(in.value)];
+  }
+  return kinds;
+}
+
+}  // namespace detail
+
+inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
+  const Mesh& mesh = p.mesh();
+  Report r;
+  r.program = p.name();
+  r.profile = hw.name;
+  r.mesh = mesh;
+  r.memory_capacity = hw.memory_capacity;
+
+  const auto kinds = detail::memory_kinds(p);
+  MemoryBreakdown resident;
+  for (const auto& b : p.inputs()) resident[kinds[static_cast<std::size_t>(b.value)]] += p.type(b.value).bytes();
+  r.inputs = r.peak = resident;
+  r.peak_bytes = resident.total();
+  const auto frees = p.last_uses();
+
+  double clock = 0;
+  std::vector<TensorType> operand_types;
+  for (ValueId v = 0; v < p.size(); ++v) {
+    const SpmdOp& s = p.op(v);
+    if (!detail::is_program_input(s)) {
+      TimedOp t;
+      t.value = v;
+      t.label = s.op.name.empty() ? "%" + std::to_string(v) : s.op.name;
+      t.start = clock;
+      operand_types.clear();
+      for (auto o : s.op.operands) operand_types.push_back(p.type(o));
+      if (s.collective && s.collective->kind != CollectiveKind::all_slice) {
+        const Collective& c = *s.collective;
+        t.what = std::string(name_of(c.kind)) + to_string(c.axes);
+        t.communication = true;
+        t.group_size = group_size(c, mesh);
+        t.bytes = static_cast<double>(std::max(operand_types.at(0).bytes(), s.op.type.bytes()));
+        t.wire_bytes = wire_bytes(c.kind, t.group_size, t.bytes);
+        t.seconds = ring_seconds(c.kind, t.group_size, t.bytes, hw.link(c.kind, c.axes, t.group_size));
+        t.bound = "link";
+        t.reason = c.reason;
+        r.communication_seconds += t.seconds;
+        r.wire_bytes += t.wire_bytes;
+      } else {
+        // A local op, or an all_slice: a local copy of this device's tile.
+        t.what = s.collective ? std::string(name_of(s.collective->kind)) + to_string(s.collective->axes)
+                              : std::string(name_of(s.op.kind));
+        const Work w = s.collective ? Work{0, static_cast<double>(operand_types.at(0).bytes() + s.op.type.bytes())}
+                                    : local_work(s.op, operand_types);
+        bool compute_bound = false;
+        t.flops = w.flops;
+        t.bytes = w.bytes;
+        t.seconds = roofline_seconds(w, s.op.type.dtype, hw, &compute_bound);
+        t.bound = compute_bound ? "compute" : "memory";
+        r.compute_seconds += t.seconds;
+        r.flops += w.flops;
+      }
+      clock += t.seconds;
+      r.timeline.push_back(std::move(t));
+
+      resident[kinds[static_cast<std::size_t>(v)]] += s.op.type.bytes();
+      if (resident.total() > r.peak_bytes) {
+        r.peak_bytes = resident.total();
+        r.peak = resident;
+        r.peak_at = v;
+      }
+    }
+    for (auto dead : frees[static_cast<std::size_t>(v)])
+      if (!detail::is_program_input(p.op(dead))) resident[kinds[static_cast<std::size_t>(dead)]] -= p.type(dead).bytes();
+  }
+  r.step_seconds = r.compute_seconds + r.communication_seconds;
+  return r;
+}
+
+}  // namespace partir

@@ -1,0 +1,63 @@
+#pragma once
+// Timelines as Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev): one process per device, one
+// track for compute and one for communication. The simulator's Report converts to it; anything that times
+// real ops (an executor, a benchmark) can emit the same events, so predicted and measured timelines open
+// side by side.
+#include "partir/sim/report.hpp"
+
+namespace partir {
+
+struct TraceEvent {
+  std::string name;
+  std::string category;  // "compute" | "communication": also picks the track
+  std::int64_t device = 0;
+  double start = 0, seconds = 0;
+  json::Value args = json::object();
+};
+
+inline json::Value chrome_trace(const std::vector<TraceEvent>& events, std::string_view title) {
+  json::Value list = json::array();
+  std::vector<std::int64_t> devices;
+  for (const auto& e : events)
+    if (std::find(devices.begin(), devices.end(), e.device) == devices.end()) devices.push_back(e.device);
+  for (auto d : devices) {
+    list.push(json::object().set("ph", "M").set("name", "process_name").set("pid", d).set(
+        "args", json::object().set("name", std::string(title) + " device " + std::to_string(d))));
+    for (int track = 0; track < 2; ++track)
+      list.push(json::object().set("ph", "M").set("name", "thread_name").set("pid", d).set("tid", track).set(
+          "args", json::object().set("name", track ? "communication" : "compute")));
+  }
+  for (const auto& e : events)
+    list.push(json::object()
+                  .set("name", e.name)
+                  .set("cat", e.category)
+                  .set("ph", "X")
+                  .set("pid", e.device)
+                  .set("tid", e.category == "communication" ? 1 : 0)
+                  .set("ts", e.start * 1e6)
+                  .set("dur", e.seconds * 1e6)
+                  .set("args", e.args));
+  return json::object().set("displayTimeUnit", "ms").set("traceEvents", std::move(list));
+}
+
+// The simulated step on `devices` devices (every device runs the same timeline; more than a few tracks
+// add nothing but size).
+inline std::vector<TraceEvent> trace_events(const Report& r, std::int64_t devices = 1) {
+  std::vector<TraceEvent> out;
+  for (std::int64_t d = 0; d < devices; ++d)
+    for (const auto& t : r.timeline) {
+      json::Value args = json::object().set("value", "%" + std::to_string(t.value)).set("bound", t.bound);
+      args.set("bytes", t.bytes);
+      if (t.communication) args.set("group_size", t.group_size).set("reason", t.reason);
+      else args.set("flops", t.flops);
+      out.push_back({t.what + " " + t.label, t.communication ? "communication" : "compute", d, t.start, t.seconds,
+                     std::move(args)});
+    }
+  return out;
+}
+
+inline json::Value chrome_trace(const Report& r, std::int64_t devices = 1) {
+  return chrome_trace(trace_events(r, devices), "simulated " + r.program);
+}
+
+}  // namespace partir

@@ -1,0 +1,705 @@
+// Kernels, interpreter and initialization. Every kernel is checked against a naive reference written here
+// with plain loops over multi-indices, on random shapes of rank 0..4 and on every dtype it supports.
+#include <doctest/doctest.h>
+
+#include <partir/partir.hpp>
+
+#include <cmath>
+#include <functional>
+#include <numeric>
+#include <random>
+
+using namespace partir;
+
+namespace {
+
+using Rng = std::mt19937_64;
+const DType all_dtypes[] = {DType::f32, DType::f64, DType::i32};
+const DType float_dtypes[] = {DType::f32, DType::f64};
+
+std::int64_t rand_int(Rng& rng, std::int64_t lo, std::int64_t hi) {
+  return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+}
+
+Shape random_shape(Rng& rng, std::int64_t rank, std::int64_t max_dim = 4) {
+  Shape s;
+  for (std::int64_t i = 0; i < rank; ++i) s.push_back(rand_int(rng, 1, max_dim));
+  return s;
+}
+
+// Floats uniform in [lo, hi); i32 rounded to integers.
+Array random_array(Rng& rng, const TensorType& t, double lo = -2, double hi = 2) {
+  Array a(t);
+  std::uniform_real_distribution<double> u(lo, hi);
+  for (std::int64_t i = 0; i < a.size(); ++i) a.set(i, t.dtype == DType::i32 ? std::round(u(rng)) : u(rng));
+  return a;
+}
+
+Shape unravel(std::int64_t flat, const Shape& shape) {
+  Shape index(shape.size());
+  for (std::size_t d = shape.size(); d-- > 0;) {
+    index[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  return index;
+}
+
+std::int64_t ravel(const Shape& index, const Shape& shape) {
+  std::int64_t flat = 0;
+  for (std::size_t d = 0; d < shape.size(); ++d) flat = flat * shape[d] + index[d];
+  return flat;
+}
+
+// Runs a single op through interpret() on the given operands.
+Array run(OpKind kind, const std::vector<Array>& args, const Attrs& attrs = {}) {
+  Program p("t");
+  std::vector<ValueId> ids;
+  NamedArrays inputs;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string name = "a" + std::to_string(i);
+    ids.push_back(p.add_input(name, args[i].type()));
+    inputs.emplace(name, args[i]);
+  }
+  p.add_output("y", p.add(kind, ids, attrs));
+  return interpret(p, inputs).at("y");
+}
+
+double tolerance(DType t) { return t == DType::f32 ? 1e-4 : t == DType::f64 ? 1e-10 : 0; }
+
+void check_close(const Array& got, const Array& want, const std::string& what) {
+  INFO(what);
+  REQUIRE(to_string(got.type()) == to_string(want.type()));
+  const double tol = tolerance(want.dtype());
+  for (std::int64_t i = 0; i < want.size(); ++i) {
+    const double g = got.at(i), w = want.at(i);
+    const bool same = std::isnan(w) ? std::isnan(g) : std::abs(g - w) <= tol * (1 + std::abs(w));
+    if (!same) {
+      FAIL_CHECK("element " << i << ": got " << g << ", want " << w);
+      return;
+    }
+  }
+}
+
+std::string describe(const std::vector<Array>& args) {
+  std::string s;
+  for (const auto& a : args) s += to_string(a.type()) + " ";
+  return s;
+}
+
+// Elementwise reference: want[i] = f(args[0][i], args[1][i], ...), in the result dtype.
+Array map_ref(const TensorType& out, const std::vector<Array>& args, const std::function<double(std::vector<double>)>& f) {
+  Array want(out);
+  for (std::int64_t i = 0; i < want.size(); ++i) {
+    std::vector<double> x;
+    for (const auto& a : args) x.push_back(a.at(i));
+    want.set(i, f(x));
+  }
+  return want;
+}
+
+}  // namespace
+
+TEST_CASE("runtime: unary ops match <cmath> on every rank") {
+  Rng rng(1);
+  const std::vector<std::pair<OpKind, std::function<double(double)>>> ops{
+      {OpKind::neg, [](double x) { return -x; }},
+      {OpKind::exp, [](double x) { return std::exp(x); }},
+      {OpKind::log, [](double x) { return std::log(x); }},
+      {OpKind::tanh, [](double x) { return std::tanh(x); }},
+      {OpKind::rsqrt, [](double x) { return 1 / std::sqrt(x); }},
+      {OpKind::sqrt, [](double x) { return std::sqrt(x); }},
+      {OpKind::abs, [](double x) { return std::abs(x); }},
+  };
+  for (const auto& [kind, f] : ops)
+    for (DType dt : float_dtypes)
+      for (std::int64_t rank = 0; rank <= 4; ++rank) {
+        const bool positive = kind == OpKind::log || kind == OpKind::rsqrt || kind == OpKind::sqrt;
+        // 37 elements and more: Eigen's vectorized loop and its scalar tail both run
+        const TensorType t{rank == 1 ? Shape{37} : random_shape(rng, rank), dt};
+        const Array x = random_array(rng, t, positive ? 0.1 : -3, 3);
+        check_close(run(kind, {x}), map_ref(t, {x}, [&](auto v) { return f(v[0]); }),
+                    std::string(name_of(kind)) + " " + to_string(t));
+      }
+}
+
+TEST_CASE("runtime: binary ops match a loop") {
+  Rng rng(2);
+  const std::vector<std::pair<OpKind, std::function<double(double, double)>>> ops{
+      {OpKind::add, [](double a, double b) { return a + b; }},
+      {OpKind::sub, [](double a, double b) { return a - b; }},
+      {OpKind::mul, [](double a, double b) { return a * b; }},
+      {OpKind::div, [](double a, double b) { return a / b; }},
+      {OpKind::max, [](double a, double b) { return std::max(a, b); }},
+      {OpKind::min, [](double a, double b) { return std::min(a, b); }},
+      {OpKind::pow, [](double a, double b) { return std::pow(a, b); }},
+  };
+  for (const auto& [kind, f] : ops)
+    for (DType dt : float_dtypes)
+      for (std::int64_t rank = 0; rank <= 4; ++rank) {
+        const TensorType t{rank == 1 ? Shape{41} : random_shape(rng, rank), dt};
+        const bool positive = kind == OpKind::pow || kind == OpKind::div;  // pow base > 0, divisor away from 0
+        const Array a = random_array(rng, t, positive ? 0.5 : -3, 3), b = random_array(rng, t, positive ? 0.5 : -2, 2);
+        check_close(run(kind, {a, b}), map_ref(t, {a, b}, [&](auto v) { return f(v[0], v[1]); }),
+                    std::string(name_of(kind)) + " " + to_string(t));
+      }
+}
+
+TEST_CASE("runtime: compare gives 1/0 in the operand dtype, i32 included") {
+  Rng rng(3);
+  const std::vector<std::pair<CompareDir, std::function<bool(double, double)>>> dirs{
+      {CompareDir::eq, std::equal_to<double>()}, {CompareDir::ne, std::not_equal_to<double>()},
+      {CompareDir::lt, std::less<double>()},     {CompareDir::le, std::less_equal<double>()},
+      {CompareDir::gt, std::greater<double>()},  {CompareDir::ge, std::greater_equal<double>()},
+  };
+  for (const auto& [dir, f] : dirs)
+    for (DType dt : all_dtypes)
+      for (std::int64_t rank = 0; rank <= 4; ++rank) {
+        const TensorType t{random_shape(rng, rank), dt};
+        Array a = random_array(rng, t), b = random_array(rng, t);
+        for (std::int64_t i = 0; i < a.size(); ++i) {  // small integers, so that ties occur
+          a.set(i, std::round(a.at(i)));
+          b.set(i, std::round(b.at(i)));
+        }
+        Attrs attrs;
+        attrs.cmp = dir;
+        check_close(run(OpKind::compare, {a, b}, attrs),
+                    map_ref(t, {a, b}, [&](auto v) { return f(v[0], v[1]) ? 1.0 : 0.0; }),
+                    std::string(name_of(dir)) + " " + to_string(t));
+      }
+}
+
+TEST_CASE("runtime: select takes on_true where the mask is nonzero, for every mask and value dtype") {
+  Rng rng(4);
+  for (DType mask_dt : all_dtypes)
+    for (DType dt : all_dtypes)
+      for (std::int64_t rank = 0; rank <= 3; ++rank) {
+        const Shape shape = random_shape(rng, rank);
+        Array mask(TensorType{shape, mask_dt});
+        for (std::int64_t i = 0; i < mask.size(); ++i) mask.set(i, static_cast<double>(rand_int(rng, -1, 2)) * rand_int(rng, 0, 1));
+        const Array a = random_array(rng, {shape, dt}), b = random_array(rng, {shape, dt});
+        check_close(run(OpKind::select, {mask, a, b}),
+                    map_ref({shape, dt}, {mask, a, b}, [](auto v) { return v[0] != 0 ? v[1] : v[2]; }),
+                    describe({mask, a, b}));
+      }
+}
+
+TEST_CASE("runtime: convert between every pair of dtypes, truncating toward zero into i32") {
+  Rng rng(5);
+  for (DType from : all_dtypes)
+    for (DType to : all_dtypes) {
+      const TensorType t{{3, 7}, from};
+      const Array x = random_array(rng, t, -5, 5);
+      Attrs attrs;
+      attrs.dtype = to;
+      const Array want = map_ref({t.shape, to}, {x}, [&](auto v) {
+        return to == DType::i32 ? std::trunc(v[0]) : to == DType::f32 ? static_cast<float>(v[0]) : v[0];
+      });
+      check_close(run(OpKind::convert, {x}, attrs), want, to_string(t) + " -> " + std::string(name_of(to)));
+    }
+}
+
+TEST_CASE("runtime: constant splats one value or takes one per element") {
+  Rng rng(6);
+  for (DType dt : all_dtypes)
+    for (std::int64_t rank = 0; rank <= 3; ++rank) {
+      Attrs attrs;
+      attrs.shape = random_shape(rng, rank);
+      attrs.dtype = dt;
+      attrs.literal = {2.0};
+      const Array splat = run(OpKind::constant, {}, attrs);
+      check_close(splat, map_ref({attrs.shape, dt}, {}, [](auto) { return 2.0; }), "splat");
+      attrs.literal.clear();
+      for (std::int64_t i = 0; i < num_elements(attrs.shape); ++i) attrs.literal.push_back(static_cast<double>(i) - 3);
+      const Array each = run(OpKind::constant, {}, attrs);
+      Array want(TensorType{attrs.shape, dt});
+      for (std::int64_t i = 0; i < want.size(); ++i) want.set(i, static_cast<double>(i) - 3);
+      check_close(each, want, "per element " + to_string(want.type()));
+    }
+}
+
+namespace {
+
+// dot_general by definition: for each result index, sum over every contracting index.
+Array dot_ref(const Array& lhs, const Array& rhs, const DotDims& d) {
+  const TensorType lt = lhs.type(), rt = rhs.type();
+  const TensorType out_t = infer_type(OpKind::dot_general, std::vector<TensorType>{lt, rt}, [&] {
+    Attrs a;
+    a.dot = d;
+    return a;
+  }());
+  auto free_dims = [](std::int64_t rank, const std::vector<std::int64_t>& b, const std::vector<std::int64_t>& c) {
+    std::vector<std::int64_t> f;
+    for (std::int64_t i = 0; i < rank; ++i)
+      if (std::count(b.begin(), b.end(), i) + std::count(c.begin(), c.end(), i) == 0) f.push_back(i);
+    return f;
+  };
+  const auto lf = free_dims(lt.rank(), d.lhs_batch, d.lhs_contract);
+  const auto rf = free_dims(rt.rank(), d.rhs_batch, d.rhs_contract);
+  Shape contract_shape;
+  for (auto c : d.lhs_contract) contract_shape.push_back(lt.shape[c]);
+  Array out(out_t);
+  for (std::int64_t o = 0; o < out.size(); ++o) {
+    const Shape oi = unravel(o, out_t.shape);
+    Shape li(lt.shape.size()), ri(rt.shape.size());
+    std::size_t k = 0;
+    for (std::size_t b = 0; b < d.lhs_batch.size(); ++b, ++k) li[d.lhs_batch[b]] = ri[d.rhs_batch[b]] = oi[k];
+    for (auto f : lf) li[f] = oi[k++];
+    for (auto f : rf) ri[f] = oi[k++];
+    double sum = 0;
+    for (std::int64_t c = 0; c < num_elements(contract_shape); ++c) {
+      const Shape ci = unravel(c, contract_shape);
+      for (std::size_t j = 0; j < ci.size(); ++j) li[d.lhs_contract[j]] = ri[d.rhs_contract[j]] = ci[j];
+      sum += lhs.at(ravel(li, lt.shape)) * rhs.at(ravel(ri, rt.shape));
+    }
+    out.set(o, sum);
+  }
+  return out;
+}
+
+struct DotCase {
+  Shape lhs, rhs;
+  DotDims dims;
+};
+
+// Random batch, contracting and free dims (0..2 of each), each operand's dims in a random order.
+DotCase random_dot(Rng& rng, std::int64_t max_dim) {
+  const auto nb = rand_int(rng, 0, 1), nc = rand_int(rng, 0, 2), nl = rand_int(rng, 0, 2), nr = rand_int(rng, 0, 2);
+  const Shape batch = random_shape(rng, nb, max_dim), contract = random_shape(rng, nc, max_dim);
+  DotCase c;
+  c.dims.lhs_batch.resize(nb);
+  c.dims.rhs_batch.resize(nb);
+  c.dims.lhs_contract.resize(nc);
+  c.dims.rhs_contract.resize(nc);
+  // roles: (0, i) batch i, (1, i) contracting i, (2, i) free i
+  auto build = [&](std::int64_t n_free, Shape& shape, std::vector<std::int64_t>& b, std::vector<std::int64_t>& k) {
+    std::vector<std::pair<int, std::int64_t>> roles;
+    for (std::int64_t i = 0; i < nb; ++i) roles.push_back({0, i});
+    for (std::int64_t i = 0; i < nc; ++i) roles.push_back({1, i});
+    for (std::int64_t i = 0; i < n_free; ++i) roles.push_back({2, i});
+    std::shuffle(roles.begin(), roles.end(), rng);
+    for (std::size_t pos = 0; pos < roles.size(); ++pos) {
+      const auto [role, i] = roles[pos];
+      if (role == 0) b[i] = static_cast<std::int64_t>(pos);
+      if (role == 1) k[i] = static_cast<std::int64_t>(pos);
+      shape.push_back(role == 0 ? batch[i] : role == 1 ? contract[i] : rand_int(rng, 1, max_dim));
+    }
+  };
+  build(nl, c.lhs, c.dims.lhs_batch, c.dims.lhs_contract);
+  build(nr, c.rhs, c.dims.rhs_batch, c.dims.rhs_contract);
+  return c;
+}
+
+Array run_dot(const Array& lhs, const Array& rhs, const DotDims& d) {
+  Attrs attrs;
+  attrs.dot = d;
+  return run(OpKind::dot_general, {lhs, rhs}, attrs);
+}
+
+int copies(const DotCase& c) {
+  const auto plan = kernels::plan_dot(c.lhs, c.rhs, c.dims);
+  return plan.lhs.transpose + plan.rhs.transpose;
+}
+
+}  // namespace
+
+TEST_CASE("runtime: dot_general on random dim layouts matches the definition") {
+  Rng rng(7);
+  int mapped = 0, transposed = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const DotCase c = random_dot(rng, trial % 3 == 0 ? 9 : 4);
+    (copies(c) == 0 ? mapped : transposed)++;
+    for (DType dt : float_dtypes) {
+      const Array lhs = random_array(rng, {c.lhs, dt}), rhs = random_array(rng, {c.rhs, dt});
+      check_close(run_dot(lhs, rhs, c.dims), dot_ref(lhs, rhs, c.dims),
+                  describe({lhs, rhs}) + "batch " + to_string(Shape(c.dims.lhs_batch)) + "x" +
+                      to_string(Shape(c.dims.rhs_batch)) + " contract " + to_string(Shape(c.dims.lhs_contract)) +
+                      "x" + to_string(Shape(c.dims.rhs_contract)));
+    }
+  }
+  CHECK(mapped > 50);  // both the in-place and the transposing path ran many times
+  CHECK(transposed > 50);
+}
+
+TEST_CASE("runtime: dot_general maps common layouts in place and transposes the rest (GEMM sizes)") {
+  Rng rng(8);
+  struct Case {
+    const char* what;
+    DotCase c;
+    int copies;
+  };
+  const std::int64_t m = 37, k = 45, n = 29;
+  const std::vector<Case> cases{
+      {"[m,k]x[k,n]", {{m, k}, {k, n}, {{}, {}, {1}, {0}}}, 0},
+      {"[k,m]x[k,n]", {{k, m}, {k, n}, {{}, {}, {0}, {0}}}, 0},
+      {"[m,k]x[n,k]", {{m, k}, {n, k}, {{}, {}, {1}, {1}}}, 0},
+      {"[k,m]x[n,k]", {{k, m}, {n, k}, {{}, {}, {0}, {1}}}, 0},
+      {"matrix-vector", {{m, k}, {k}, {{}, {}, {1}, {0}}}, 0},
+      {"vector-vector", {{k}, {k}, {{}, {}, {0}, {0}}}, 0},
+      {"outer product", {{m}, {n}, {{}, {}, {}, {}}}, 0},
+      {"batch leading", {{3, m, k}, {3, k, n}, {{0}, {0}, {2}, {1}}}, 0},
+      {"attention scores [b,s,h,d]x[b,t,h,d]", {{2, 24, 3, 21}, {2, 26, 3, 21}, {{0, 2}, {0, 2}, {3}, {3}}}, 0},
+      {"attention values [b,h,s,t]x[b,t,h,d]", {{2, 3, 24, 26}, {2, 26, 3, 21}, {{0, 1}, {0, 2}, {3}, {1}}}, 0},
+      {"two contracting dims in order", {{m, 5, 7}, {5, 7, n}, {{}, {}, {1, 2}, {0, 1}}}, 0},
+      {"two contracting dims listed out of order", {{m, 5, 7}, {5, 7, n}, {{}, {}, {2, 1}, {1, 0}}}, 0},
+      {"contracting dims split by a free dim", {{5, m, 7}, {5, 7, n}, {{}, {}, {0, 2}, {0, 1}}}, 1},
+      {"contracting dims paired crosswise", {{m, 5, 7}, {7, 5, n}, {{}, {}, {1, 2}, {1, 0}}}, 1},
+      {"free dims split by the batch dim on both sides", {{4, 3, 5, 22}, {6, 3, 22, 4}, {{1}, {1}, {3}, {2}}}, 2},
+  };
+  for (const auto& tc : cases) {
+    INFO(tc.what);
+    CHECK(copies(tc.c) == tc.copies);
+    for (DType dt : float_dtypes) {
+      const Array lhs = random_array(rng, {tc.c.lhs, dt}), rhs = random_array(rng, {tc.c.rhs, dt});
+      check_close(run_dot(lhs, rhs, tc.c.dims), dot_ref(lhs, rhs, tc.c.dims), tc.what);
+    }
+  }
+}
+
+TEST_CASE("runtime: dot_general rejects i32 operands") {
+  Array a({2, 2}, std::vector<std::int32_t>{1, 2, 3, 4});
+  CHECK_THROWS_WITH_AS(run_dot(a, a, {{}, {}, {1}, {0}}),
+                       "interpret t: %2: dot_general: i32 operands are not supported, convert them to f32 or f64 first",
+                       UserError);
+}
+
+TEST_CASE("runtime: reduce_sum and reduce_max over any subset of dims") {
+  Rng rng(9);
+  for (OpKind kind : {OpKind::reduce_sum, OpKind::reduce_max})
+    for (DType dt : all_dtypes)
+      for (std::int64_t rank = 0; rank <= 4; ++rank)
+        for (int trial = 0; trial < 6; ++trial) {
+          const TensorType t{random_shape(rng, rank, 5), dt};
+          Attrs attrs;
+          for (std::int64_t d = 0; d < rank; ++d)
+            if (rand_int(rng, 0, 1)) attrs.dims.push_back(d);
+          const Array x = random_array(rng, t, -9, 9);
+          Shape kept;
+          for (std::int64_t d = 0; d < rank; ++d)
+            if (std::count(attrs.dims.begin(), attrs.dims.end(), d) == 0) kept.push_back(t.shape[d]);
+          Array want(TensorType{kept, dt});
+          std::vector<bool> seen(static_cast<std::size_t>(want.size()), false);
+          for (std::int64_t i = 0; i < x.size(); ++i) {
+            const Shape xi = unravel(i, t.shape);
+            Shape oi;
+            for (std::int64_t d = 0; d < rank; ++d)
+              if (std::count(attrs.dims.begin(), attrs.dims.end(), d) == 0) oi.push_back(xi[d]);
+            const auto o = ravel(oi, kept);
+            const double acc = want.at(o), v = x.at(i);
+            want.set(o, kind == OpKind::reduce_sum ? acc + v : seen[o] ? std::max(acc, v) : v);
+            seen[o] = true;
+          }
+          check_close(run(kind, {x}, attrs), want,
+                      std::string(name_of(kind)) + " " + to_string(t) + " dims " + to_string(Shape(attrs.dims)));
+        }
+}
+
+TEST_CASE("runtime: reducing an empty dim gives the identity") {
+  Attrs attrs;
+  attrs.dims = {1};
+  const Array x(TensorType{{3, 0}, DType::f32});
+  check_close(run(OpKind::reduce_sum, {x}, attrs), Array({3}, std::vector<float>(3, 0.f)), "sum");
+  CHECK(run(OpKind::reduce_max, {x}, attrs).at(0) == -INFINITY);
+}
+
+namespace {
+
+// broadcast_in_dim by definition: result index i reads operand index (i[dims[0]], i[dims[1]], ...), with
+// size-1 operand dims read at 0.
+Array broadcast_ref(const Array& x, const Attrs& a) {
+  Array out(TensorType{a.shape, x.dtype()});
+  for (std::int64_t i = 0; i < out.size(); ++i) {
+    const Shape oi = unravel(i, a.shape);
+    Shape xi;
+    for (std::size_t d = 0; d < a.dims.size(); ++d) xi.push_back(x.shape()[d] == 1 ? 0 : oi[a.dims[d]]);
+    out.set(i, x.at(ravel(xi, x.shape())));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("runtime: broadcast_in_dim, random and the bias fast paths") {
+  Rng rng(10);
+  for (DType dt : all_dtypes) {
+    for (int trial = 0; trial < 40; ++trial) {
+      Attrs attrs;
+      attrs.shape = random_shape(rng, rand_int(rng, 0, 4));
+      Shape xs;
+      for (std::int64_t d = 0; d < static_cast<std::int64_t>(attrs.shape.size()); ++d)
+        if (rand_int(rng, 0, 1)) {
+          attrs.dims.push_back(d);
+          xs.push_back(rand_int(rng, 0, 2) ? attrs.shape[d] : 1);
+        }
+      const Array x = random_array(rng, {xs, dt});
+      check_close(run(OpKind::broadcast_in_dim, {x}, attrs), broadcast_ref(x, attrs),
+                  to_string(x.type()) + " -> " + to_string(attrs.shape) + " dims " + to_string(Shape(attrs.dims)));
+    }
+    const std::vector<std::pair<Shape, std::vector<std::int64_t>>> fast{
+        {{70}, {1}}, {{50}, {0}}, {{}, {}}, {{1, 70}, {0, 1}}, {{50, 1}, {0, 1}}};
+    for (const auto& [xs, dims] : fast) {
+      Attrs attrs;
+      attrs.shape = {50, 70};
+      attrs.dims = dims;
+      const Array x = random_array(rng, {xs, dt});
+      check_close(run(OpKind::broadcast_in_dim, {x}, attrs), broadcast_ref(x, attrs), to_string(x.type()));
+    }
+  }
+}
+
+TEST_CASE("runtime: reshape keeps the row-major element order") {
+  Rng rng(11);
+  for (DType dt : all_dtypes)
+    for (std::int64_t rank = 0; rank <= 4; ++rank) {
+      const TensorType t{random_shape(rng, rank), dt};
+      Shape to = t.shape;
+      std::shuffle(to.begin(), to.end(), rng);
+      to.insert(to.begin(), 1);
+      const Array x = random_array(rng, t);
+      Attrs attrs;
+      attrs.shape = to;
+      const Array y = run(OpKind::reshape, {x}, attrs);
+      CHECK(y.shape() == to);
+      CHECK(y.storage() == x.storage());
+    }
+}
+
+TEST_CASE("runtime: transpose by any permutation, tiled 2-D and 3-D cases included") {
+  Rng rng(12);
+  auto check = [&](const Array& x, const std::vector<std::int64_t>& perm) {
+    Attrs attrs;
+    attrs.dims = perm;
+    Shape out_shape;
+    for (auto p : perm) out_shape.push_back(x.shape()[p]);
+    Array want(TensorType{out_shape, x.dtype()});
+    for (std::int64_t i = 0; i < want.size(); ++i) {
+      const Shape oi = unravel(i, out_shape);
+      Shape xi(perm.size());
+      for (std::size_t d = 0; d < perm.size(); ++d) xi[perm[d]] = oi[d];
+      want.set(i, x.at(ravel(xi, x.shape())));
+    }
+    check_close(run(OpKind::transpose, {x}, attrs), want, to_string(x.type()) + " perm " + to_string(Shape(perm)));
+  };
+  for (DType dt : all_dtypes) {
+    for (std::int64_t rank = 0; rank <= 4; ++rank)
+      for (int trial = 0; trial < 5; ++trial) {
+        std::vector<std::int64_t> perm(static_cast<std::size_t>(rank));
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        check(random_array(rng, {random_shape(rng, rank, 5), dt}), perm);
+      }
+    check(random_array(rng, {{70, 45}, dt}), {1, 0});
+    check(random_array(rng, {{3, 40, 50}, dt}), {0, 2, 1});
+    check(random_array(rng, {{3, 40, 50}, dt}), {2, 0, 1});
+    check(random_array(rng, {{2, 33, 3, 8}, dt}), {0, 2, 1, 3});
+  }
+}
+
+TEST_CASE("runtime: slice, pad and concatenate match index arithmetic") {
+  Rng rng(13);
+  for (DType dt : all_dtypes)
+    for (std::int64_t rank = 1; rank <= 4; ++rank)
+      for (int trial = 0; trial < 5; ++trial) {
+        const TensorType t{random_shape(rng, rank, 5), dt};
+        const Array x = random_array(rng, t);
+        Attrs s, p;
+        Shape sliced, padded;
+        for (std::int64_t d = 0; d < rank; ++d) {
+          s.lo.push_back(rand_int(rng, 0, t.shape[d]));
+          s.hi.push_back(rand_int(rng, s.lo.back(), t.shape[d]));
+          sliced.push_back(s.hi.back() - s.lo.back());
+          p.lo.push_back(rand_int(rng, 0, 2));
+          p.hi.push_back(rand_int(rng, 0, 2));
+          padded.push_back(t.shape[d] + p.lo.back() + p.hi.back());
+        }
+        Array want_slice(TensorType{sliced, dt}), want_pad(TensorType{padded, dt});
+        for (std::int64_t i = 0; i < want_slice.size(); ++i) {
+          Shape xi = unravel(i, sliced);
+          for (std::int64_t d = 0; d < rank; ++d) xi[d] += s.lo[d];
+          want_slice.set(i, x.at(ravel(xi, t.shape)));
+        }
+        for (std::int64_t i = 0; i < x.size(); ++i) {
+          Shape pi = unravel(i, t.shape);
+          for (std::int64_t d = 0; d < rank; ++d) pi[d] += p.lo[d];
+          want_pad.set(ravel(pi, padded), x.at(i));
+        }
+        check_close(run(OpKind::slice, {x}, s), want_slice, "slice " + to_string(t));
+        check_close(run(OpKind::pad, {x}, p), want_pad, "pad " + to_string(t));
+
+        Attrs c;
+        c.axis = rand_int(rng, 0, rank - 1);
+        std::vector<Array> parts{x};
+        for (auto extra = rand_int(rng, 0, 2); extra > 0; --extra) {
+          Shape shape = t.shape;
+          shape[c.axis] = rand_int(rng, 0, 3);  // an empty part now and then
+          parts.push_back(random_array(rng, {shape, dt}));
+        }
+        Shape joined = t.shape;
+        joined[c.axis] = 0;
+        for (const auto& part : parts) joined[c.axis] += part.shape()[c.axis];
+        Array want_cat(TensorType{joined, dt});
+        std::int64_t at = 0;
+        for (const auto& part : parts) {
+          for (std::int64_t i = 0; i < part.size(); ++i) {
+            Shape ji = unravel(i, part.shape());
+            ji[c.axis] += at;
+            want_cat.set(ravel(ji, joined), part.at(i));
+          }
+          at += part.shape()[c.axis];
+        }
+        check_close(run(OpKind::concatenate, parts, c), want_cat, "concatenate " + describe(parts));
+      }
+}
+
+TEST_CASE("runtime: gather rows and scatter_add them back, with repeated indices") {
+  Rng rng(14);
+  for (DType dt : all_dtypes)
+    for (std::int64_t table_rank = 1; table_rank <= 3; ++table_rank)
+      for (std::int64_t index_rank = 0; index_rank <= 2; ++index_rank) {
+        const Shape table_shape = random_shape(rng, table_rank, 4);
+        const std::int64_t rows = table_shape[0];
+        const Shape feature(table_shape.begin() + 1, table_shape.end());
+        const std::int64_t row = num_elements(feature);
+        const Shape index_shape = random_shape(rng, index_rank, 5);
+        Array indices(TensorType{index_shape, DType::i32});
+        for (std::int64_t i = 0; i < indices.size(); ++i) indices.set(i, static_cast<double>(rand_int(rng, 0, rows - 1)));
+        const Array table = random_array(rng, {table_shape, dt});
+
+        Shape gathered = index_shape;
+        gathered.insert(gathered.end(), feature.begin(), feature.end());
+        Array want_gather(TensorType{gathered, dt});
+        for (std::int64_t i = 0; i < indices.size(); ++i)
+          for (std::int64_t f = 0; f < row; ++f)
+            want_gather.set(i * row + f, table.at(static_cast<std::int64_t>(indices.at(i)) * row + f));
+        check_close(run(OpKind::gather, {table, indices}), want_gather, "gather " + describe({table, indices}));
+
+        const Array updates = random_array(rng, {gathered, dt});
+        Array want_scatter(TensorType{table_shape, dt});
+        for (std::int64_t i = 0; i < indices.size(); ++i)
+          for (std::int64_t f = 0; f < row; ++f) {
+            const auto o = static_cast<std::int64_t>(indices.at(i)) * row + f;
+            want_scatter.set(o, want_scatter.at(o) + updates.at(i * row + f));
+          }
+        Attrs attrs;
+        attrs.shape = table_shape;
+        check_close(run(OpKind::scatter_add, {indices, updates}, attrs), want_scatter,
+                    "scatter_add " + describe({indices, updates}));
+      }
+}
+
+TEST_CASE("interpret: an out-of-range gather index names the index and the table") {
+  const Array table({5, 3}, std::vector<float>(15, 1.f));
+  CHECK_THROWS_WITH_AS(run(OpKind::gather, {table, Array({3}, std::vector<std::int32_t>{0, 7, 1})}),
+                       "interpret t: %2: gather: index 7 is out of range [0, 5) of table f32[5,3]", UserError);
+  CHECK_THROWS_WITH_AS(run(OpKind::gather, {table, Array({1}, std::vector<std::int32_t>{-1})}),
+                       "interpret t: %2: gather: index -1 is out of range [0, 5) of table f32[5,3]", UserError);
+  Attrs attrs;
+  attrs.shape = {4};
+  CHECK_THROWS_WITH_AS(run(OpKind::scatter_add, {Array({1}, std::vector<std::int32_t>{4}), Array({1}, std::vector<float>{1.f})}, attrs),
+                       "interpret t: %2: scatter_add: index 4 is out of range [0, 4) of result f32[4]", UserError);
+}
+
+TEST_CASE("interpret: inputs must match the program exactly") {
+  Program p("main");
+  auto x = p.add_input("x", {{8, 4}});
+  p.add_output("y", p.add(OpKind::neg, {x}));
+  const Array good(TensorType{{8, 4}, DType::f32});
+  CHECK_THROWS_WITH_AS(interpret(p, {}), "interpret main: missing input 'x'", UserError);
+  CHECK_THROWS_WITH_AS(interpret(p, {{"x", Array(TensorType{{8, 5}, DType::f32})}}),
+                       "interpret main: input 'x' expects f32[8,4], got f32[8,5]", UserError);
+  CHECK_THROWS_WITH_AS(interpret(p, {{"x", Array(TensorType{{8, 4}, DType::f64})}}),
+                       "interpret main: input 'x' expects f32[8,4], got f64[8,4]", UserError);
+  CHECK_THROWS_WITH_AS(interpret(p, {{"x", good}, {"z", good}}), "interpret main: no input named 'z'", UserError);
+  CHECK(interpret(p, {{"x", good}}).at("y").shape() == Shape{8, 4});
+}
+
+TEST_CASE("interpret: outputs may name an input or the same value twice") {
+  Program p("alias");
+  auto x = p.add_input("x", {{3}});
+  auto e = p.add(OpKind::exp, {x});
+  p.add_output("x_again", x);
+  p.add_output("e1", e);
+  p.add_output("e2", e);
+  const Array in({3}, std::vector<float>{0.f, 1.f, 2.f});
+  NamedArrays out = interpret(p, {{"x", in}});
+  CHECK(out.at("x_again") == in);
+  CHECK(out.at("e1") == out.at("e2"));
+  CHECK(out.at("e1").at(2) == doctest::Approx(std::exp(2.0)));
+  out.at("e1").set(0, 42);  // separate buffers
+  CHECK(out.at("e2").at(0) == 1);
+}
+
+TEST_CASE("interpret: peak memory counts inputs, live intermediates and outputs") {
+  // x f32[8,4] 128 B and w f32[4,2] 32 B are resident throughout: 160 B.
+  Program p("mem");
+  auto x = p.add_input("x", {{8, 4}});
+  auto w = p.add_input("w", {{4, 2}});
+  Attrs dot;
+  dot.dot = {{}, {}, {1}, {0}};
+  auto h = p.add(OpKind::dot_general, {x, w}, dot);  // 64 B, an output: stays    -> 224
+  auto t = p.add(OpKind::tanh, {h});                 // 64 B                      -> 288
+  p.add(OpKind::exp, {t});                           // 64 B, unused: only at its op -> 352 (peak), 288
+  Attrs all;
+  all.dims = {0, 1};
+  auto s = p.add(OpKind::reduce_sum, {t}, all);      // 4 B; t's last use          -> 292, 228
+  p.add_output("h", h);
+  p.add_output("s", s);
+  Rng rng(15);
+  RunStats stats;
+  interpret(p, {{"x", random_array(rng, {{8, 4}})}, {"w", random_array(rng, {{4, 2}})}}, &stats);
+  CHECK(stats.peak_bytes == 352);
+
+  // A chain frees as it goes: the peak is the input plus one operand and one result.
+  Program chain("chain");
+  ValueId v = chain.add_input("x", {{1000}});
+  for (int i = 0; i < 10; ++i) v = chain.add(OpKind::neg, {v});
+  chain.add_output("y", v);
+  interpret(chain, {{"x", Array(TensorType{{1000}})}}, &stats);
+  CHECK(stats.peak_bytes == 3 * 4000);
+}
+
+TEST_CASE("init_inputs: deterministic per (seed, name), with the requested statistics") {
+  Program p("init");
+  p.add_input("x", {{4}});
+  p.add_input("ids", {{4}, DType::i32});
+  p.add_input("w", {{100, 100}}, InputKind::parameter, {Init::Kind::normal, 0.5});
+  p.add_input("v", {{100, 100}}, InputKind::parameter, {Init::Kind::normal, 0.5});
+  p.add_input("u", {{10000}, DType::f64}, InputKind::parameter, {Init::Kind::uniform, 2.0});
+  p.add_input("b", {{3}}, InputKind::parameter, {Init::Kind::ones, 0});
+  p.add_input("opt/m/w", {{3}}, InputKind::optimizer_state);
+
+  const NamedArrays a = init_inputs(p, 1), b = init_inputs(p, 1), c = init_inputs(p, 2);
+  CHECK(a.size() == 5);  // data inputs only on request
+  CHECK(a.count("x") == 0);
+  CHECK(a == b);
+  CHECK(a.at("w") != a.at("v"));
+  CHECK(a.at("w") != c.at("w"));
+
+  auto moments = [](const Array& x) {
+    double sum = 0, sq = 0;
+    for (std::int64_t i = 0; i < x.size(); ++i) {
+      sum += x.at(i);
+      sq += x.at(i) * x.at(i);
+    }
+    const double mean = sum / static_cast<double>(x.size());
+    return std::pair{mean, std::sqrt(sq / static_cast<double>(x.size()) - mean * mean)};
+  };
+  const auto [mean, stddev] = moments(a.at("w"));
+  CHECK(std::abs(mean) < 0.025);  // 5 standard errors of the mean
+  CHECK(std::abs(stddev - 0.5) < 0.02);
+  const auto [umean, ustd] = moments(a.at("u"));
+  CHECK(std::abs(umean) < 0.06);
+  CHECK(std::abs(ustd - 2.0 / std::sqrt(3.0)) < 0.04);
+  for (std::int64_t i = 0; i < a.at("u").size(); ++i) CHECK_UNARY(std::abs(a.at("u").at(i)) <= 2.0);
+  CHECK(a.at("b") == Array({3}, std::vector<float>{1, 1, 1}));
+  CHECK(a.at("opt/m/w") == Array({3}, std::vector<float>{0, 0, 0}));
+
+  // Pinned values: mt19937_64 and the transforms are exact, so these hold for every standard library.
+  const Array u = init_array({{3}, DType::f64}, {Init::Kind::uniform, 1.0}, 0, "w");
+  CHECK(u == Array({3}, std::vector<double>{0.17791915197874908, -0.026921844087685276, 0.77771517986353755}));
+
+  const NamedArrays with_data = init_inputs(p, 1, true);
+  CHECK(with_data.size() == 7);
+  CHECK(with_data.at("ids") == Array({4}, std::vector<std::int32_t>{0, 0, 0, 0}));
+  CHECK(with_data.at("x") != Array({4}, std::vector<float>{0, 0, 0, 0}));
+  CHECK(with_data.at("w") == a.at("w"));
+}

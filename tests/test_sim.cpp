@@ -1,0 +1,299 @@
+// Simulator: cost formulas, liveness-based peak memory on hand-built SpmdPrograms with known answers (and
+// against what the executor measures), hardware profiles and their JSON, report and trace JSON, and the
+// ZeRO relations on a lowered MLP train step.
+#include <doctest/doctest.h>
+
+#include <partir/partir.hpp>
+#include <partir/runtime/executor.hpp>
+#include <partir/spmd/lower.hpp>
+
+#include <cstdio>
+#include <limits>
+
+using namespace partir;
+
+namespace {
+
+Op local_op(OpKind kind, std::vector<ValueId> operands, TensorType type, Attrs attrs = {}, std::string name = "") {
+  return Op{kind, std::move(operands), std::move(attrs), std::move(type), std::move(name)};
+}
+
+Op input_op(const std::string& name, TensorType type, InputKind kind) {
+  Attrs a;
+  a.input_kind = kind;
+  return local_op(OpKind::input, {}, std::move(type), a, name);
+}
+
+// 1 GFLOP/s, 1 GB/s, no per-op cost, one link: alpha 1 us, beta 1 ns/byte. Round numbers for hand checks.
+HardwareProfile unit_profile() {
+  return {"unit", "test", {{DType::f32, 1e9}}, 1e9, 0, 0, {{"*", "*", 0, {1e-6, 1e-9}}}};
+}
+
+// On mesh {batch=2}: a parameter w (tiled, f32[4] locally) and data x (f32[8]);
+//   %2 = neg x; %3 = reduce_sum %2; %4 = all_reduce %3 -> "loss";  %5 = neg w; %6 = add w, %5 -> updates w.
+SpmdProgram toy_step() {
+  const Mesh mesh{{"batch", 2}};
+  SpmdProgram p("toy", mesh);
+  auto w = p.add({input_op("w", {{4}}, InputKind::parameter)});
+  p.add_input({"w", w, {{8}}, Sharding{{{"batch"}}, {}}, ""});
+  auto x = p.add({input_op("x", {{8}}, InputKind::data)});
+  p.add_input({"x", x, {{8}}, Sharding::replicated(1), ""});
+  auto a = p.add({local_op(OpKind::neg, {x}, {{8}})});
+  Attrs all;
+  all.dims = {0};
+  auto s = p.add({local_op(OpKind::reduce_sum, {a}, {{}}, all)});
+  auto loss = p.add({local_op(OpKind::input, {s}, {{}}), Collective{CollectiveKind::all_reduce, {"batch"}}});
+  p.add_output({"loss", loss, {{}}, Sharding::replicated(0), ""});
+  auto g = p.add({local_op(OpKind::neg, {w}, {{4}})});
+  auto w_new = p.add({local_op(OpKind::add, {w, g}, {{4}})});
+  p.add_output({"w", w_new, {{8}}, Sharding{{{"batch"}}, {}}, "w"});
+  return p;
+}
+
+// Each device's piece of the program's global inputs, and what execute() measures with them.
+std::vector<DeviceResult> execute_local(const SpmdProgram& p, const NamedArrays& global) {
+  std::vector<DeviceResult> out(static_cast<std::size_t>(p.mesh().num_devices()));
+  threads::run(static_cast<int>(p.mesh().num_devices()), [&](threads::Communicator& c) {
+    NamedArrays local;
+    for (const auto& b : p.inputs()) local[b.name] = layout::shard(global.at(b.name), b.sharding, p.mesh(), c.device());
+    out[static_cast<std::size_t>(c.device())] = execute(p, c, local, {false, false});
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cost model: FLOPs from the rule's iteration space, bytes read and written") {
+  Attrs mm;
+  mm.dot = {{}, {}, {1}, {0}};
+  const std::vector<TensorType> dot_in{{{8, 16}}, {{16, 4}}};
+  const Work dot = local_work(local_op(OpKind::dot_general, {0, 1}, {{8, 4}}, mm), dot_in);
+  CHECK(dot.flops == 2 * 8 * 16 * 4);
+  CHECK(dot.bytes == (8 * 16 + 16 * 4 + 8 * 4) * 4);
+
+  Attrs batched;
+  batched.dot = {{0}, {0}, {2}, {1}};
+  const std::vector<TensorType> bmm_in{{{3, 8, 16}}, {{3, 16, 4}}};
+  CHECK(local_work(local_op(OpKind::dot_general, {0, 1}, {{3, 8, 4}}, batched), bmm_in).flops == 2 * 3 * 8 * 16 * 4);
+
+  const std::vector<TensorType> pair{{{10}}, {{10}}};
+  const Work add = local_work(local_op(OpKind::add, {0, 1}, {{10}}), pair);
+  CHECK(add.flops == 10);
+  CHECK(add.bytes == 30 * 4);
+
+  Attrs rows;
+  rows.dims = {1};
+  const std::vector<TensorType> matrix{{{4, 5}}};
+  const Work sum = local_work(local_op(OpKind::reduce_sum, {0}, {{4}}, rows), matrix);
+  CHECK(sum.flops == 20);
+  CHECK(sum.bytes == (20 + 4) * 4);
+
+  Attrs perm;
+  perm.dims = {1, 0};
+  const Work t = local_work(local_op(OpKind::transpose, {0}, {{5, 4}}, perm), matrix);
+  CHECK(t.flops == 0);
+  CHECK(t.bytes == 40 * 4);
+  CHECK(local_work(input_op("x", {{4, 5}}, InputKind::data), {}).bytes == 0);
+}
+
+TEST_CASE("cost model: roofline and ring formulas") {
+  const HardwareProfile hw = unit_profile();
+  bool compute_bound = false;
+  CHECK(roofline_seconds({2e9, 1e9}, DType::f32, hw, &compute_bound) == doctest::Approx(2.0));
+  CHECK(compute_bound);
+  CHECK(roofline_seconds({1e9, 3e9}, DType::f32, hw, &compute_bound) == doctest::Approx(3.0));
+  CHECK(!compute_bound);
+  CHECK_THROWS_WITH_AS(roofline_seconds({1, 1}, DType::f64, hw), "hardware profile 'unit' has no peak FLOP/s for f64",
+                       UserError);
+
+  // n = 4, S = 4000 bytes: each of the n-1 steps moves S/n = 1000 bytes: 1 us + 1 us.
+  const Link link{1e-6, 1e-9};
+  using CK = CollectiveKind;
+  CHECK(ring_seconds(CK::all_gather, 4, 4000, link) == doctest::Approx(6e-6));
+  CHECK(ring_seconds(CK::reduce_scatter, 4, 4000, link) == doctest::Approx(6e-6));
+  CHECK(ring_seconds(CK::all_to_all, 4, 4000, link) == doctest::Approx(6e-6));
+  CHECK(ring_seconds(CK::all_reduce, 4, 4000, link) == doctest::Approx(12e-6));
+  CHECK(ring_seconds(CK::all_slice, 4, 4000, link) == 0);
+  CHECK(ring_seconds(CK::all_reduce, 1, 4000, link) == 0);
+  CHECK(wire_bytes(CK::all_reduce, 4, 4000) == 6000);
+  CHECK(wire_bytes(CK::all_gather, 4, 4000) == 3000);
+  CHECK(bus_factor(CK::all_reduce, 4) == 1.5);
+  CHECK(bus_factor(CK::all_to_all, 4) == 0.75);
+}
+
+TEST_CASE("hardware profile: the most specific link rule wins") {
+  HardwareProfile hw = unit_profile();
+  hw.links = {{"*", "*", 0, {1, 0}},
+              {"*", "*", 4, {2, 0}},
+              {"*", "reduce_scatter", 0, {3, 0}},
+              {"batch", "*", 0, {4, 1e-9}},
+              {"model", "*", 0, {5, 2e-9}},
+              {"batch", "all_gather", 0, {6, 0}}};
+  using CK = CollectiveKind;
+  CHECK(hw.link(CK::all_reduce, {"data"}, 2).alpha == 1);
+  CHECK(hw.link(CK::all_reduce, {"data"}, 4).alpha == 2);
+  CHECK(hw.link(CK::reduce_scatter, {"data"}, 4).alpha == 3);
+  CHECK(hw.link(CK::reduce_scatter, {"batch"}, 4).alpha == 4);
+  CHECK(hw.link(CK::all_gather, {"batch"}, 4).alpha == 6);
+  CHECK(hw.link(CK::all_reduce, {"batch", "model"}, 4).alpha == 5);  // the slower of two axes' links
+  hw.links = {{"batch", "*", 0, {}}};
+  CHECK_THROWS_WITH_AS(hw.link(CK::all_reduce, {"model"}, 2),
+                       "hardware profile 'unit' has no link for all_reduce over {model} (2 devices); add a rule "
+                       "with axis \"*\"",
+                       UserError);
+}
+
+TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
+  for (const auto& name : HardwareProfile::builtin_names()) {
+    const HardwareProfile hw = HardwareProfile::builtin(name);
+    CHECK(hw.name == name);
+    CHECK(HardwareProfile::from_json(json::parse(hw.to_json().dump())) == hw);
+  }
+  HardwareProfile hw = unit_profile();
+  hw.name = "odd \"name\"\n\twith escapes";
+  hw.links.push_back({"model", "all_to_all", 8, {1.0 / 3, 1e-10 / 7}});
+  hw.memory_capacity = std::int64_t{141} << 30;
+  CHECK(HardwareProfile::from_json(json::parse(hw.to_json().dump(2))) == hw);
+
+  const std::string path = "test_sim_profile.json";
+  hw.save(path);
+  CHECK(HardwareProfile::load(path) == hw);
+  CHECK(HardwareProfile::named(path) == hw);
+  std::remove(path.c_str());
+  CHECK(HardwareProfile::named("h200-nvlink").memory_capacity == std::int64_t{141} << 30);
+  CHECK_THROWS_WITH_AS(HardwareProfile::builtin("tpu"),
+                       "no built-in hardware profile 'tpu' (cpu, a100-nvlink, h100-nvlink, h200-nvlink)", UserError);
+  CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(R"({"name": "x", "peak_flops": {"f16": 1}})")),
+                       "unknown dtype 'f16' (expected f32, f64 or i32)", UserError);
+  CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(R"({"name": "x", "peak_flops": {}})")),
+                       "json: object has no member 'memory_bandwidth'", UserError);
+}
+
+TEST_CASE("json: reads what it writes; errors name the offset") {
+  const auto v = json::parse(R"( {"a": [1, -2.5e3, true, false, null], "b": {"c": "\u00e9\"\\/"}, "d": []} )");
+  CHECK(v.at("a").array().size() == 5);
+  CHECK(v.at("a").array()[1].number() == -2500);
+  CHECK(v.at("b").at("c").string() == "\xc3\xa9\"\\/");
+  CHECK(json::parse(v.dump()) == v);
+  CHECK(json::parse(v.dump(2)) == v);
+  CHECK(json::Value(0.1).dump() == "0.1");
+  CHECK(json::Value(std::numeric_limits<double>::infinity()).dump() == "null");
+  CHECK_THROWS_WITH_AS(json::parse("[1, 2"), "json: expected ']' at offset 5", UserError);
+  CHECK_THROWS_WITH_AS(json::parse("{\"a\": }"), "json: expected a value at offset 6", UserError);
+  CHECK_THROWS_WITH_AS(json::parse("[1] 2"), "json: unexpected text after the value at offset 4", UserError);
+}
+
+TEST_CASE("simulate: times by hand on a toy step") {
+  const Report r = simulate(toy_step(), unit_profile());
+  // neg x: 64 B; reduce_sum: 36 B; neg w: 32 B; add: 48 B -> 180 ns of memory traffic at 1 GB/s.
+  CHECK(r.compute_seconds == doctest::Approx(180e-9));
+  // all_reduce of 4 bytes on 2 devices: 2 (n-1) (alpha + beta S / n) = 2 (1 us + 2 ns).
+  CHECK(r.communication_seconds == doctest::Approx(2.004e-6));
+  CHECK(r.step_seconds == doctest::Approx(r.compute_seconds + r.communication_seconds));
+  CHECK(r.wire_bytes == 4);
+  REQUIRE(r.timeline.size() == 5);
+  for (std::size_t i = 1; i < r.timeline.size(); ++i)
+    CHECK(r.timeline[i].start == doctest::Approx(r.timeline[i - 1].start + r.timeline[i - 1].seconds));
+  REQUIRE(r.collectives().size() == 1);
+  CHECK(r.collectives()[0]->what == "all_reduce{batch}");
+  CHECK(r.flops == 8 + 8 + 4 + 4);
+}
+
+TEST_CASE("simulate: peak memory from liveness, with its breakdown, equals the executor's") {
+  const SpmdProgram p = toy_step();
+  const Report r = simulate(p, unit_profile());
+  // Inputs 16 + 32 B; neg x adds 32; reduce_sum adds 4 (peak: 84 B), then neg x dies. all_reduce +4 -3 dies,
+  // neg w +16, add +16 = 84 again (not above), neg w dies.
+  CHECK(r.peak_bytes == 84);
+  CHECK(r.peak_at == 3);
+  CHECK(r.peak[MemoryKind::parameters] == 16);
+  CHECK(r.peak[MemoryKind::data] == 32);
+  CHECK(r.peak[MemoryKind::activations] == 36);
+  CHECK(r.peak.total() == r.peak_bytes);
+  CHECK(r.inputs[MemoryKind::parameters] == 16);
+  CHECK(r.inputs[MemoryKind::data] == 32);
+
+  NamedArrays global{{"w", Array({8}, std::vector<float>(8, 1.f))}, {"x", Array({8}, std::vector<float>(8, 2.f))}};
+  for (const auto& d : execute_local(p, global)) CHECK(d.peak_bytes == r.peak_bytes);
+}
+
+TEST_CASE("report: JSON and Chrome trace are well-formed") {
+  const Report r = simulate(toy_step(), unit_profile());
+  const json::Value v = json::parse(r.to_json().dump(2));
+  CHECK(v.at("step_seconds").number() == doctest::Approx(r.step_seconds));
+  CHECK(v.at("memory").at("peak_bytes").integer() == 84);
+  CHECK(v.at("memory").at("breakdown").at("activations").integer() == 36);
+  CHECK(v.at("timeline").array().size() == 5);
+  CHECK(v.at("time_model").string() == "compute and communication serialized (no overlap)");
+
+  const json::Value trace = json::parse(chrome_trace(r, 2).dump());
+  int spans = 0, on_comm_track = 0;
+  for (const auto& e : trace.at("traceEvents").array()) {
+    if (e.at("ph").string() != "X") continue;
+    ++spans;
+    on_comm_track += e.at("tid").integer() == 1;
+    CHECK(e.at("dur").number() >= 0);
+  }
+  CHECK(spans == 10);
+  CHECK(on_comm_track == 2);
+
+  std::ostringstream table;
+  table << r;
+  CHECK(table.str().find("compute and communication serialized") != std::string::npos);
+  CHECK(table.str().find("all_reduce{batch}") != std::string::npos);
+}
+
+TEST_CASE("ZeRO on a lowered MLP train step: collective bytes and model-state memory") {
+  const std::int64_t B = 16, D = 8, H = 32, N = 4;
+  nn::Mlp model{"params/mlp", {D, H, D}};
+  const Program step = train_step([&](Tensor x, Tensor y) { return mse(model(x), y); }, Adam{},
+                                  {{"x", {B, D}}, {"y", {B, D}}});
+  const Mesh mesh{{"batch", N}};
+  const SpmdProgram dp_plan = lower(partition(step, mesh, {data_parallel("batch")}));
+  const SpmdProgram z2_plan = lower(partition(step, mesh, {data_parallel("batch"), zero2("batch")}));
+  const SpmdProgram z3_plan = lower(partition(step, mesh, {data_parallel("batch"), zero3("batch")}));
+  const HardwareProfile hw = HardwareProfile::cpu();
+  const Report dp = simulate(dp_plan, hw), zero2 = simulate(z2_plan, hw), zero3 = simulate(z3_plan, hw);
+
+  // Bytes each device sends for the parameters; the loss's scalar all_reduce is left out.
+  auto parameter_wire_bytes = [](const SpmdProgram& p, const Report& r) {
+    double bytes = 0;
+    for (const auto* c : r.collectives())
+      if (p.type(c->value).rank() > 0) bytes += c->wire_bytes;
+    return bytes;
+  };
+  const double psi = (D * H + H + H * D + D) * 4;  // parameter bytes
+  CHECK(parameter_wire_bytes(dp_plan, dp) == doctest::Approx(2 * psi * (N - 1) / N));
+  CHECK(parameter_wire_bytes(z2_plan, zero2) == doctest::Approx(parameter_wire_bytes(dp_plan, dp)));
+
+  // Model state per device: parameters 1/N, Adam's m and v 1/N (its step counter is one scalar).
+  CHECK(zero3.inputs[MemoryKind::parameters] * N == dp.inputs[MemoryKind::parameters]);
+  CHECK(zero3.inputs[MemoryKind::optimizer_state] - 4 == (dp.inputs[MemoryKind::optimizer_state] - 4) / N);
+  CHECK(zero2.inputs[MemoryKind::optimizer_state] - 4 == (dp.inputs[MemoryKind::optimizer_state] - 4) / N);
+  CHECK(zero2.inputs[MemoryKind::parameters] == dp.inputs[MemoryKind::parameters]);
+
+  // What the executor measures agrees with the prediction, device by device.
+  const NamedArrays global = init_inputs(step, 0, true);
+  for (const auto* plan : {&dp_plan, &z3_plan}) {
+    const std::int64_t predicted = simulate(*plan, hw).peak_bytes;
+    for (const auto& d : execute_local(*plan, global)) CHECK(d.peak_bytes == predicted);
+  }
+}
+
+// ZeRO-3 moves 1.5x data parallel's bytes because it gathers each parameter again for the backward pass
+// instead of keeping the forward's copy alive. lower() shares one reshard between both uses, so partir's
+// Z3 moves what DP does and holds the gathered parameters through the backward pass.
+TEST_CASE("ZeRO-3 moves 1.5x the bytes of data parallelism" * doctest::may_fail()) {
+  const std::int64_t B = 16, D = 8, H = 32, N = 4;
+  nn::Mlp model{"params/mlp", {D, H, D}};
+  const Program step = train_step([&](Tensor x, Tensor y) { return mse(model(x), y); }, Adam{},
+                                  {{"x", {B, D}}, {"y", {B, D}}});
+  const Mesh mesh{{"batch", N}};
+  const SpmdProgram z3_plan = lower(partition(step, mesh, {data_parallel("batch"), zero3("batch")}));
+  const Report r = simulate(z3_plan, HardwareProfile::cpu());
+  double bytes = 0;
+  for (const auto* c : r.collectives())
+    if (z3_plan.type(c->value).rank() > 0) bytes += c->wire_bytes;
+  const double psi = (D * H + H + H * D + D) * 4;
+  CHECK(bytes == doctest::Approx(3 * psi * (N - 1) / N));
+}
