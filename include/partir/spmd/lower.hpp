@@ -165,19 +165,16 @@ class Lowering {
     return x;
   }
 
-  // The axes of result dim d assigned to each of its factors, major to minor; nullopt if an axis straddles.
+  // The axes of a result dim assigned to each of its factors, major to minor; nullopt if an axis straddles.
   std::optional<std::vector<AxisList>> split(const AxisList& axes, const DimFactors& factors, const OpRule& r) const {
-    std::vector<std::int64_t> room;
-    for (int f : factors) room.push_back(r.factors[static_cast<std::size_t>(f)].size);
+    std::vector<std::int64_t> sizes;
+    for (const auto& a : axes) sizes.push_back(mesh_.axis_size(a));
+    const auto cut = split_axes(sizes, factors, r);
+    if (!cut) return std::nullopt;
     std::vector<AxisList> out(factors.size());
-    std::size_t k = 0;
-    for (const auto& a : axes) {
-      while (k + 1 < room.size() && room[k] == 1) ++k;
-      const auto size = mesh_.axis_size(a);
-      if (room.empty() || room[k] % size != 0) return std::nullopt;
-      room[k] /= size;
-      out[k].push_back(a);
-    }
+    for (std::size_t i = 0; i < axes.size(); ++i)
+      out[static_cast<std::size_t>(std::find(factors.begin(), factors.end(), cut->factor_of_axis[i]) - factors.begin())]
+          .push_back(axes[i]);
     return out;
   }
 
