@@ -271,8 +271,6 @@ void run(C& comm, const Options& o, const Call* raw) {
   if (!o.calibrate_path.empty()) {
     p::CalibrationOptions co;
     co.name = "calibrated-" + o.backend + "-" + std::to_string(comm.num_devices());
-    co.warmup = std::max(o.warmup, 1);
-    co.iterations = o.iterations;
     const auto profile = p::calibrate(comm, co);
     if (comm.device() == 0) {
       profile.save(o.calibrate_path);

@@ -7,9 +7,16 @@
 // --profile calibrate (the default) measures this machine first with the same devices (sim/calibrate.hpp).
 // Measured time: the slowest device's execute() per step, median of --reps; measured memory: the
 // executor's peak (each device is given only its own piece of every input).
+// The executor allocates every result afresh. glibc would return large freed buffers to the kernel and
+// fault them in again (here ~20 us per 4 KiB page, 100x the kernels' own cost), so, as a caching allocator
+// would, the process keeps freed memory for reuse: steady-state steps then cost what their kernels do.
 #include <partir/partir.hpp>
 #ifdef PARTIR_BENCH_MPI
 #include <partir/runtime/mpi.hpp>
+#endif
+
+#ifdef __GLIBC__
+#include <malloc.h>
 #endif
 
 #include <chrono>
@@ -17,6 +24,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 
 namespace p = partir;
 
@@ -218,6 +226,11 @@ void report(const std::vector<Result>& results, const Options& o, const std::str
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
+#ifdef __GLIBC__
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: bigger buffers are always mapped afresh
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+  mallopt(M_ARENA_MAX, 1);  // per-thread arenas would still unmap their freed heaps
+#endif
   try {
     p::nn::Mlp mlp{"params/mlp", o.sizes};
     const p::Program step = p::train_step([&](p::Tensor x, p::Tensor y) { return p::mse(mlp(x), y); }, p::Adam{},

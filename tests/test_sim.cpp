@@ -26,7 +26,7 @@ Op input_op(const std::string& name, TensorType type, InputKind kind) {
 
 // 1 GFLOP/s, 1 GB/s, no per-op cost, one link: alpha 1 us, beta 1 ns/byte. Round numbers for hand checks.
 HardwareProfile unit_profile() {
-  return {"unit", "test", {{DType::f32, 1e9}}, 1e9, 0, 0, {{"*", "*", 0, {1e-6, 1e-9}}}};
+  return {.name = "unit", .peak_flops = {{DType::f32, 1e9}}, .memory_bandwidth = 1e9, .links = {{"*", "*", 0, {1e-6, 1e-9}}}};
 }
 
 // On mesh {batch=2}: a parameter w (tiled, f32[4] locally) and data x (f32[8]);
@@ -99,12 +99,16 @@ TEST_CASE("cost model: FLOPs from the rule's iteration space, bytes read and wri
 TEST_CASE("cost model: roofline and ring formulas") {
   const HardwareProfile hw = unit_profile();
   bool compute_bound = false;
-  CHECK(roofline_seconds({2e9, 1e9}, DType::f32, hw, &compute_bound) == doctest::Approx(2.0));
+  CHECK(roofline_seconds({2e9, 1e9}, OpKind::add, DType::f32, hw, &compute_bound) == doctest::Approx(2.0));
   CHECK(compute_bound);
-  CHECK(roofline_seconds({1e9, 3e9}, DType::f32, hw, &compute_bound) == doctest::Approx(3.0));
+  CHECK(roofline_seconds({1e9, 3e9}, OpKind::add, DType::f32, hw, &compute_bound) == doctest::Approx(3.0));
   CHECK(!compute_bound);
-  CHECK_THROWS_WITH_AS(roofline_seconds({1, 1}, DType::f64, hw), "hardware profile 'unit' has no peak FLOP/s for f64",
-                       UserError);
+  HardwareProfile strided = hw;
+  strided.op_bandwidth[OpKind::transpose] = 0.5e9;
+  CHECK(roofline_seconds({0, 1e9}, OpKind::transpose, DType::f32, strided) == doctest::Approx(2.0));
+  CHECK(roofline_seconds({0, 1e9}, OpKind::add, DType::f32, strided) == doctest::Approx(1.0));
+  CHECK_THROWS_WITH_AS(roofline_seconds({1, 1}, OpKind::add, DType::f64, hw),
+                       "hardware profile 'unit' has no peak FLOP/s for f64", UserError);
 
   // n = 4, S = 4000 bytes: each of the n-1 steps moves S/n = 1000 bytes: 1 us + 1 us.
   const Link link{1e-6, 1e-9};
@@ -152,6 +156,7 @@ TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
   HardwareProfile hw = unit_profile();
   hw.name = "odd \"name\"\n\twith escapes";
   hw.links.push_back({"model", "all_to_all", 8, {1.0 / 3, 1e-10 / 7}});
+  hw.op_bandwidth = {{OpKind::transpose, 2.5e9}, {OpKind::broadcast_in_dim, 1e10}};
   hw.memory_capacity = std::int64_t{141} << 30;
   CHECK(HardwareProfile::from_json(json::parse(hw.to_json().dump(2))) == hw);
 
@@ -167,6 +172,9 @@ TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
                        "unknown dtype 'f16' (expected f32, f64 or i32)", UserError);
   CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(R"({"name": "x", "peak_flops": {}})")),
                        "json: object has no member 'memory_bandwidth'", UserError);
+  CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(
+                           R"({"name": "x", "peak_flops": {}, "memory_bandwidth": 1, "op_bandwidth": {"fft": 1}})")),
+                       "unknown op kind 'fft'", UserError);
 }
 
 TEST_CASE("json: reads what it writes; errors name the offset") {

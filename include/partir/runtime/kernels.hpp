@@ -17,6 +17,7 @@
 #include <array>
 #include <limits>
 #include <string>
+#include <type_traits>
 
 #include "partir/ir/op.hpp"
 #include "partir/runtime/array.hpp"
@@ -55,6 +56,45 @@ template <class F> decltype(auto) visit_float_dtype(DType t, OpKind op, F&& f) {
   if (t == DType::f32) return f(float{});
   if (t == DType::f64) return f(double{});
   user_error(std::string(name_of(op)) + ": i32 operands are not supported, convert them to f32 or f64 first");
+}
+
+// Eigen evaluates a dynamic-size expression with vector code in the middle and scalar code at the ends,
+// where the ends depend on the buffer's address; vector and scalar exp, log, tanh, pow, sqrt, rsqrt and
+// sums differ in the last bits, so results would change with malloc's whims. Elementwise math and sums
+// therefore go through fixed-size blocks (one 64-byte vector), indexed from the start of the data only.
+template <class T> constexpr std::int64_t block_size = 64 / sizeof(T);
+template <class T> using Block = Eigen::Array<T, block_size<T>, 1>;
+
+// out[i] = f(in[i]...) with every element computed by the same vector code: the bits of a result depend
+// only on its inputs, not on its address or position (a sharded elementwise op matches the unsharded one).
+template <class T, class F, class... In>
+void blockwise(std::int64_t n, T* out, F&& f, const In*... in) {
+  constexpr std::int64_t b = block_size<T>;
+  auto at = [&](std::int64_t i) { Eigen::Map<Block<T>>(out + i) = f(Eigen::Map<const Block<In>>(in + i)...); };
+  if (n >= b) {
+    for (std::int64_t i = 0; i + b <= n; i += b) at(i);
+    if (n % b) at(n - b);  // the last elements, overlapping the previous block: same code, same values
+  } else if (n > 0) {
+    auto padded = [n](const auto* x) {  // short data: pad a block with a valid input value
+      Block<std::remove_const_t<std::remove_pointer_t<decltype(x)>>> blk;
+      blk.setConstant(x[0]);
+      std::copy_n(x, n, blk.data());
+      return blk;
+    };
+    const Block<T> result = f(padded(in)...);
+    std::copy_n(result.data(), n, out);
+  }
+}
+
+// A sum whose order depends on n alone: block-wise partial sums, then the block's lanes.
+template <class T>
+T ordered_sum(const T* x, std::int64_t n) {
+  constexpr std::int64_t b = block_size<T>;
+  Block<T> acc = Block<T>::Zero();
+  std::int64_t i = 0;
+  for (; i + b <= n; i += b) acc += Eigen::Map<const Block<T>>(x + i);
+  for (std::int64_t lane = 0; i < n; ++i, ++lane) acc[lane] += x[i];
+  return acc.sum();
 }
 
 // Visits every index of `shape` in row-major order and passes body the index's offset in each of N strided
@@ -257,7 +297,7 @@ void reduce(const Array& x, const std::vector<std::int64_t>& dims, Array& out) {
     Eigen::Map<const Vec<T>> run(src + off[0], n);
     if (reduce_run) {
       T& acc = dst[off[1]];
-      acc = take_max ? std::max(acc, run.maxCoeff()) : acc + run.sum();
+      acc = take_max ? std::max(acc, run.maxCoeff()) : acc + ordered_sum(src + off[0], n);
     } else {
       Eigen::Map<Vec<T>> acc(dst + off[1], n);
       if constexpr (take_max) acc = acc.max(run);
@@ -398,7 +438,18 @@ void batched_gemm(const Shape& batch, const T* lhs, const OperandPlan& l, const 
     MatrixMap<T, LhsOrder> lm(lhs + off[0], a.rows, a.cols, Eigen::OuterStride<>(a.outer_stride));
     MatrixMap<T, RhsOrder> rm(rhs + off[1], b.rows, b.cols, Eigen::OuterStride<>(b.outer_stride));
     Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> om(out + off[2], a.rows, b.cols);
-    om.noalias() = lm * rm;
+    if (a.rows + a.cols + b.cols >= 20) {
+      om.noalias() = lm * rm;
+      return;
+    }
+    // Below this size Eigen computes coefficient by coefficient, splitting vector and scalar code by the
+    // buffer's address (see blockwise); these few sums are computed here in a fixed order instead.
+    for (std::int64_t i = 0; i < a.rows; ++i)
+      for (std::int64_t j = 0; j < b.cols; ++j) {
+        T sum = 0;
+        for (std::int64_t k = 0; k < a.cols; ++k) sum += lm(i, k) * rm(k, j);
+        om(i, j) = sum;
+      }
   });
 }
 
@@ -420,32 +471,30 @@ void dot_general(const Array& lhs, const Array& rhs, const DotDims& d, Array& ou
 
 template <class T>
 void unary(OpKind kind, const Array& x, Array& out) {
-  auto a = vec<T>(x);
-  auto r = vec<T>(out);
+  auto apply = [&](auto f) { blockwise(x.size(), ptr<T>(out), f, ptr<T>(x)); };
   switch (kind) {
-    case OpKind::neg: r = -a; break;
-    case OpKind::exp: r = a.exp(); break;
-    case OpKind::log: r = a.log(); break;
-    case OpKind::tanh: r = a.tanh(); break;
-    case OpKind::rsqrt: r = a.rsqrt(); break;
-    case OpKind::sqrt: r = a.sqrt(); break;
-    case OpKind::abs: r = a.abs(); break;
+    case OpKind::neg: apply([](const auto& a) { return -a; }); break;
+    case OpKind::exp: apply([](const auto& a) { return a.exp(); }); break;
+    case OpKind::log: apply([](const auto& a) { return a.log(); }); break;
+    case OpKind::tanh: apply([](const auto& a) { return a.tanh(); }); break;
+    case OpKind::rsqrt: apply([](const auto& a) { return a.rsqrt(); }); break;
+    case OpKind::sqrt: apply([](const auto& a) { return a.sqrt(); }); break;
+    case OpKind::abs: apply([](const auto& a) { return a.abs(); }); break;
     default: internal_error("unary kernel called for " + std::string(name_of(kind)));
   }
 }
 
 template <class T>
 void binary(OpKind kind, const Array& x, const Array& y, Array& out) {
-  auto a = vec<T>(x), b = vec<T>(y);
-  auto r = vec<T>(out);
+  auto apply = [&](auto f) { blockwise(x.size(), ptr<T>(out), f, ptr<T>(x), ptr<T>(y)); };
   switch (kind) {
-    case OpKind::add: r = a + b; break;
-    case OpKind::sub: r = a - b; break;
-    case OpKind::mul: r = a * b; break;
-    case OpKind::div: r = a / b; break;
-    case OpKind::max: r = a.max(b); break;
-    case OpKind::min: r = a.min(b); break;
-    case OpKind::pow: r = a.pow(b); break;
+    case OpKind::add: apply([](const auto& a, const auto& b) { return a + b; }); break;
+    case OpKind::sub: apply([](const auto& a, const auto& b) { return a - b; }); break;
+    case OpKind::mul: apply([](const auto& a, const auto& b) { return a * b; }); break;
+    case OpKind::div: apply([](const auto& a, const auto& b) { return a / b; }); break;
+    case OpKind::max: apply([](const auto& a, const auto& b) { return a.max(b); }); break;
+    case OpKind::min: apply([](const auto& a, const auto& b) { return a.min(b); }); break;
+    case OpKind::pow: apply([](const auto& a, const auto& b) { return a.pow(b); }); break;
     default: internal_error("binary kernel called for " + std::string(name_of(kind)));
   }
 }

@@ -106,8 +106,8 @@ class RuleBuilder {
   OpRule rule;
 };
 
-// Dims whose size an op changes (slice, pad, concatenate): the operand's side needs replication, the
-// result's side is a factor of its own.
+// An operand dim whose size the op changes (slice, pad, concatenate) needs replication; the result dim keeps
+// the factor of its own that result_dims gave it.
 inline void changed_dim(RuleBuilder& b, std::size_t operand, std::int64_t size, const std::string& why) {
   b.rule.operands[operand].push_back({b.factor(size, FactorKind::need_replication, why)});
 }

@@ -39,11 +39,20 @@ inline CollectiveKind parse_collective_kind(std::string_view s) {
              "' (expected all_gather, all_slice, all_reduce, reduce_scatter or all_to_all)");
 }
 
+inline OpKind parse_op_kind(std::string_view s) {
+  for (int k = 0; k < static_cast<int>(OpKind::count_); ++k)
+    if (name_of(static_cast<OpKind>(k)) == s) return static_cast<OpKind>(k);
+  user_error("unknown op kind '" + std::string(s) + "'");
+}
+
 struct HardwareProfile {
   std::string name;
   std::string source;                  // where the figures come from (spec sheet, calibration run)
   std::map<DType, double> peak_flops;  // per device, FLOP/s
   double memory_bandwidth = 0;         // bytes/s per device, operands read plus results written
+  // Op kinds whose kernels move bytes at another rate than streaming elementwise ops (strided copies such
+  // as transpose and broadcast_in_dim): bytes/s, by op kind.
+  std::map<OpKind, double> op_bandwidth;
   double op_overhead = 0;              // seconds per local op: dispatch, allocation, kernel launch
   std::int64_t memory_capacity = 0;    // bytes per device, 0 if unknown
   std::vector<LinkRule> links;
@@ -53,6 +62,11 @@ struct HardwareProfile {
     if (it == peak_flops.end() || it->second <= 0)
       user_error("hardware profile '" + name + "' has no peak FLOP/s for " + std::string(name_of(t)));
     return it->second;
+  }
+
+  double bandwidth(OpKind k) const {
+    auto it = op_bandwidth.find(k);
+    return it != op_bandwidth.end() ? it->second : memory_bandwidth;
   }
 
   // The link a collective over `axes` (a group of `group_size` devices) uses. Specificity: a named axis
@@ -90,7 +104,9 @@ struct HardwareProfile {
     }
     json::Value out = json::object();
     out.set("name", name).set("source", source).set("peak_flops", std::move(flops));
-    out.set("memory_bandwidth", memory_bandwidth).set("op_overhead", op_overhead);
+    json::Value per_op = json::object();
+    for (const auto& [k, b] : op_bandwidth) per_op.set(std::string(name_of(k)), b);
+    out.set("memory_bandwidth", memory_bandwidth).set("op_bandwidth", std::move(per_op)).set("op_overhead", op_overhead);
     out.set("memory_capacity", memory_capacity).set("links", std::move(rules));
     return out;
   }
@@ -101,6 +117,8 @@ struct HardwareProfile {
     if (auto* s = v.find("source")) p.source = s->string();
     for (const auto& [t, f] : v.at("peak_flops").object()) p.peak_flops[parse_dtype(t)] = f.number();
     p.memory_bandwidth = v.at("memory_bandwidth").number();
+    if (auto* per_op = v.find("op_bandwidth"))
+      for (const auto& [k, b] : per_op->object()) p.op_bandwidth[parse_op_kind(k)] = b.number();
     if (auto* o = v.find("op_overhead")) p.op_overhead = o->number();
     if (auto* m = v.find("memory_capacity")) p.memory_capacity = m->integer();
     for (const auto& r : v.at("links").array()) {
@@ -128,26 +146,30 @@ struct HardwareProfile {
   // Eigen sgemm ~80 GFLOP/s per thread, memcpy ~11 GB/s, Open MPI shared memory ~4.8 GB/s bus bandwidth.
   // A calibration run (bench/collectives --calibrate) replaces these with measured figures.
   static HardwareProfile cpu() {
-    return {"cpu", "DESIGN.md environment facts (2-core x86 VM, Eigen, Open MPI shared memory)",
-            {{DType::f32, 80e9}, {DType::f64, 40e9}, {DType::i32, 20e9}}, 11e9, 2e-6, std::int64_t{24} << 30,
-            {{"*", "*", 0, {2e-6, 1 / 4.8e9}}}};
+    return {.name = "cpu",
+            .source = "DESIGN.md environment facts (2-core x86 VM, Eigen, Open MPI shared memory)",
+            .peak_flops = {{DType::f32, 80e9}, {DType::f64, 40e9}, {DType::i32, 20e9}},
+            .memory_bandwidth = 11e9,
+            .op_overhead = 2e-6,
+            .memory_capacity = std::int64_t{24} << 30,
+            .links = {{"*", "*", 0, {2e-6, 1 / 4.8e9}}}};
   }
   // Public spec sheets (SXM parts; f32 without tensor cores; bandwidth per direction of one GPU's NVLink;
   // alpha: NCCL's few-microsecond ring step). Real runs reach ~80% of these; calibrate to know.
   static HardwareProfile a100_nvlink() {
-    return {"a100-nvlink", "NVIDIA A100 SXM4 80GB datasheet: 19.5 TFLOP/s fp32, 9.7 fp64, 2.04 TB/s HBM2e, NVLink3 600 GB/s",
-            {{DType::f32, 19.5e12}, {DType::f64, 9.7e12}, {DType::i32, 19.5e12}}, 2.039e12, 5e-6,
-            std::int64_t{80} << 30, {{"*", "*", 0, {5e-6, 1 / 300e9}}}};
+    return nvlink_gpu("a100-nvlink",
+                      "NVIDIA A100 SXM4 80GB datasheet: 19.5 TFLOP/s fp32, 9.7 fp64, 2.04 TB/s HBM2e, NVLink3 600 GB/s",
+                      19.5e12, 9.7e12, 2.039e12, 80, 300e9);
   }
   static HardwareProfile h100_nvlink() {
-    return {"h100-nvlink", "NVIDIA H100 SXM5 80GB datasheet: 67 TFLOP/s fp32, 34 fp64, 3.35 TB/s HBM3, NVLink4 900 GB/s",
-            {{DType::f32, 67e12}, {DType::f64, 34e12}, {DType::i32, 33.5e12}}, 3.35e12, 4e-6,
-            std::int64_t{80} << 30, {{"*", "*", 0, {4e-6, 1 / 450e9}}}};
+    return nvlink_gpu("h100-nvlink",
+                      "NVIDIA H100 SXM5 80GB datasheet: 67 TFLOP/s fp32, 34 fp64, 3.35 TB/s HBM3, NVLink4 900 GB/s",
+                      67e12, 34e12, 3.35e12, 80, 450e9);
   }
   static HardwareProfile h200_nvlink() {
-    return {"h200-nvlink", "NVIDIA H200 SXM 141GB datasheet: 67 TFLOP/s fp32, 34 fp64, 4.8 TB/s HBM3e, NVLink4 900 GB/s",
-            {{DType::f32, 67e12}, {DType::f64, 34e12}, {DType::i32, 33.5e12}}, 4.8e12, 4e-6,
-            std::int64_t{141} << 30, {{"*", "*", 0, {4e-6, 1 / 450e9}}}};
+    return nvlink_gpu("h200-nvlink",
+                      "NVIDIA H200 SXM 141GB datasheet: 67 TFLOP/s fp32, 34 fp64, 4.8 TB/s HBM3e, NVLink4 900 GB/s",
+                      67e12, 34e12, 4.8e12, 141, 450e9);
   }
 
   static std::vector<std::string> builtin_names() { return {"cpu", "a100-nvlink", "h100-nvlink", "h200-nvlink"}; }
@@ -171,6 +193,18 @@ struct HardwareProfile {
   }
 
   friend bool operator==(const HardwareProfile&, const HardwareProfile&) = default;
+
+ private:
+  static HardwareProfile nvlink_gpu(std::string name, std::string source, double f32, double f64, double hbm,
+                                    std::int64_t gib, double nvlink) {
+    return {.name = std::move(name),
+            .source = std::move(source),
+            .peak_flops = {{DType::f32, f32}, {DType::f64, f64}, {DType::i32, f32 / 2}},
+            .memory_bandwidth = hbm,
+            .op_overhead = 4e-6,  // a kernel launch
+            .memory_capacity = gib << 30,
+            .links = {{"*", "*", 0, {5e-6, 1 / nvlink}}}};
+  }
 };
 
 }  // namespace partir

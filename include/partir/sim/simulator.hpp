@@ -86,7 +86,7 @@ inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
         r.communication_seconds += t.seconds;
         r.wire_bytes += t.wire_bytes;
       } else {
-        // A local op, or an all_slice: a local copy of this device's tile.
+        // A local op, or an all_slice: a local copy of this device's tile, costed as a slice.
         t.what = s.collective ? std::string(name_of(s.collective->kind)) + to_string(s.collective->axes)
                               : std::string(name_of(s.op.kind));
         const Work w = s.collective ? Work{0, static_cast<double>(operand_types.at(0).bytes() + s.op.type.bytes())}
@@ -94,7 +94,8 @@ inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
         bool compute_bound = false;
         t.flops = w.flops;
         t.bytes = w.bytes;
-        t.seconds = roofline_seconds(w, s.op.type.dtype, hw, &compute_bound);
+        const OpKind kind = s.collective ? OpKind::slice : s.op.kind;
+        t.seconds = roofline_seconds(w, kind, s.op.type.dtype, hw, &compute_bound);
         t.bound = compute_bound ? "compute" : "memory";
         r.compute_seconds += t.seconds;
         r.flops += w.flops;

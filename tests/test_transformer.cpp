@@ -1,0 +1,368 @@
+// The GPT of dsl/transformer.hpp under the PartIR strategies: the collective plan of each preset matches the
+// published per-layer counts (Megatron-LM: 2 all_reduces forward, 2 backward; BP: one gradient all_reduce per
+// parameter; ZeRO-3: parameters all-gathered, gradients reduce-scattered), and every composition computes
+// what the single-device interpreter computes.
+#include <doctest/doctest.h>
+
+#include <partir/partir.hpp>
+
+#include <random>
+
+using namespace partir;
+
+namespace {
+
+using CK = CollectiveKind;
+
+constexpr std::int64_t batch = 8;
+
+nn::GptConfig small(std::int64_t layers = 2) {
+  return {.vocab = 32, .seq = 8, .d_model = 16, .heads = 2, .layers = layers};
+}
+
+std::vector<InputSpec> data_specs(const nn::GptConfig& c) {
+  return {{"tokens", {batch, c.seq}, DType::i32}, {"targets", {batch, c.seq}, DType::i32}};
+}
+
+// Adam divides each gradient by its own running scale, so where a gradient is as small as its rounding error
+// (which a partitioned run, summing in another order, changes) two runs may step apart by up to the learning
+// rate. A larger eps bounds that amplification to lr / eps for the differential tests.
+Program train(const nn::GptConfig& c, double adam_eps = 1e-8) {
+  const nn::Gpt model{c};
+  return train_step([&](Tensor t, Tensor y) { return model.loss(t, y); }, Adam{1e-2, 0.9, 0.999, adam_eps},
+                    data_specs(c));
+}
+
+// The loss alone: what the train step computes before its backward pass.
+Program forward(const nn::GptConfig& c) {
+  const nn::Gpt model{c};
+  return trace("gpt_loss", [&](Tensor t, Tensor y) { return model.loss(t, y); }, data_specs(c));
+}
+
+std::vector<ValueId> parameters(const Program& p) {
+  std::vector<ValueId> out;
+  for (auto v : p.inputs())
+    if (p.op(v).attrs.input_kind == InputKind::parameter) out.push_back(v);
+  return out;
+}
+
+std::int64_t parameter_bytes(const Program& p) {
+  std::int64_t total = 0;
+  for (auto v : parameters(p)) total += p.type(v).bytes();
+  return total;
+}
+
+// Communicating collectives by kind and axes ("all_reduce{model}"); scalars (the loss) apart, all_slice
+// (a local copy) left out.
+std::map<std::string, int> plan(const SpmdProgram& p, bool scalars = false) {
+  std::map<std::string, int> n;
+  for (const auto& c : p.collectives())
+    if (c.collective.kind != CK::all_slice && (c.operand.rank() > 0) != scalars)
+      ++n[std::string(name_of(c.collective.kind)) + to_string(c.collective.axes)];
+  return n;
+}
+
+// Bytes of the collectives of one kind and axes: per device, the larger of operand and result (the whole
+// tensor for an all_gather's result or a reduce_scatter's operand).
+std::int64_t bytes(const SpmdProgram& p, CK kind, const AxisList& axes) {
+  std::int64_t total = 0;
+  for (const auto& c : p.collectives())
+    if (c.collective.kind == kind && c.collective.axes == axes) total += c.bytes;
+  return total;
+}
+
+NamedArrays random_inputs(const Program& p, std::int64_t vocab, std::uint64_t seed) {
+  NamedArrays state = init_inputs(p, seed, true);
+  std::mt19937_64 rng(seed);
+  for (const char* name : {"tokens", "targets"})
+    if (auto it = state.find(name); it != state.end())
+      for (std::int64_t i = 0; i < it->second.size(); ++i) it->second.set(i, static_cast<double>(rng() % vocab));
+  return state;
+}
+
+// The largest |a - b| / (1 + |a|) over every output of two consecutive steps (state carried, so loop-carried
+// layouts are exercised) on every device, and where it is.
+struct Error {
+  double value = 0;
+  std::string where;
+};
+Error max_error(const Program& step, const SpmdProgram& spmd, std::int64_t vocab, std::uint64_t seed) {
+  NamedArrays state = random_inputs(step, vocab, seed), sharded_state = state;
+  Error worst;
+  for (int iteration = 0; iteration < 2; ++iteration) {
+    NamedArrays expect = interpret(step, state);
+    auto results = execute_on_threads(spmd, sharded_state);
+    for (const auto& r : results)
+      for (const auto& [name, a] : expect) {
+        const Array& b = r.outputs.at(name);
+        REQUIRE(a.type() == b.type());
+        for (std::int64_t i = 0; i < a.size(); ++i)
+          if (const double e = std::abs(a.at(i) - b.at(i)) / (1 + std::abs(a.at(i))); e > worst.value)
+            worst = {e, "step " + std::to_string(iteration + 1) + " " + name + "[" + std::to_string(i) + "]: " +
+                            std::to_string(a.at(i)) + " vs " + std::to_string(b.at(i))};
+      }
+    carry_state(step, state, std::move(expect));
+    carry_state(step, sharded_state, std::move(results[0].outputs));
+  }
+  return worst;
+}
+
+const Sharding& input_layout(const SpmdProgram& p, const std::string& name) {
+  for (const auto& b : p.inputs())
+    if (b.name == name) return b.sharding;
+  FAIL("no input " << name);
+  return p.inputs().front().sharding;
+}
+
+}  // namespace
+
+TEST_CASE("gpt: parameters are named by layer") {
+  const Program step = forward(small(1));
+  std::vector<std::string> names;
+  for (auto v : parameters(step)) names.push_back(step.op(v).name);
+  std::sort(names.begin(), names.end());
+  const std::vector<std::string> expect = {
+      "params/layers/0/attn/bo",  "params/layers/0/attn/bq",   "params/layers/0/attn/bv",
+      "params/layers/0/attn/wk",  "params/layers/0/attn/wo",   "params/layers/0/attn/wq",
+      "params/layers/0/attn/wv",  "params/layers/0/ln1/beta",  "params/layers/0/ln1/gamma",
+      "params/layers/0/ln2/beta", "params/layers/0/ln2/gamma", "params/layers/0/mlp/b1",
+      "params/layers/0/mlp/b2",   "params/layers/0/mlp/w1",    "params/layers/0/mlp/w2",
+      "params/ln_f/beta",         "params/ln_f/gamma",         "params/pos_embed",
+      "params/tok_embed/table"};
+  CHECK(names == expect);
+  nn::GptConfig untied = small(1);
+  untied.tied = false;
+  CHECK(forward(untied).find_input("params/head/w"));
+  nn::GptConfig mq = small(1);
+  mq.multi_query = true;
+  const Program mq_step = forward(mq);
+  CHECK(mq_step.type(*mq_step.find_input("params/layers/0/attn/wk")).shape == Shape{16, 8});
+  CHECK(mq_step.type(*mq_step.find_input("params/layers/0/attn/wq")).shape == Shape{16, 16});
+}
+
+TEST_CASE("gpt: attention is causal") {
+  // Changing the last token changes no logit before the last position; changing the first changes them all.
+  // (Within rounding: the kernels' sums may round differently from run to run.)
+  nn::GptConfig c = small(2);
+  for (bool multi_query : {false, true}) {
+    CAPTURE(multi_query);
+    c.multi_query = multi_query;
+    const nn::Gpt model{c};
+    const Program p = trace("logits", [&](Tensor t) { return model.logits(t); }, {{"tokens", {1, c.seq}, DType::i32}});
+    NamedArrays in = random_inputs(p, c.vocab, 5);
+    in["tokens"] = Array({1, c.seq}, std::vector<std::int32_t>{1, 2, 3, 4, 5, 6, 7, 8});
+    const Array base = interpret(p, in).at("out");
+    in["tokens"].set(c.seq - 1, 9);
+    const Array last_changed = interpret(p, in).at("out");
+    in["tokens"].set(0, 9);
+    const Array first_changed = interpret(p, in).at("out");
+    int moved_before_last = 0, moved = 0;
+    for (std::int64_t i = 0; i < base.size(); ++i) {
+      moved_before_last += i < (c.seq - 1) * c.vocab && std::abs(last_changed.at(i) - base.at(i)) > 1e-5;
+      moved += std::abs(first_changed.at(i) - base.at(i)) > 1e-5;
+    }
+    CHECK(moved_before_last == 0);
+    CHECK(moved == base.size());
+  }
+}
+
+TEST_CASE("gpt: Adam fits a fixed batch") {
+  const nn::GptConfig c = small(2);
+  const Program step = train(c);
+  NamedArrays state = random_inputs(step, c.vocab, 11);
+  const double first = interpret(step, state).at("loss").at(0);
+  // Logits of unit scale at initialization: about log(vocab) + 1/2.
+  CHECK(std::abs(first - std::log(static_cast<double>(c.vocab)) - 0.5) < 0.5);
+  double loss = first;
+  for (int i = 0; i < 40; ++i) {
+    NamedArrays out = interpret(step, state);
+    loss = out.at("loss").at(0);
+    carry_state(step, state, std::move(out));
+  }
+  CHECK(loss < 0.5 * first);
+}
+
+TEST_CASE("gpt: user errors name the block") {
+  nn::GptConfig c = small(1);
+  c.heads = 3;
+  CHECK_THROWS_WITH_AS(forward(c), "Attention 'params/layers/0/attn': d_model 16 is not divisible by 3 heads", UserError);
+  const nn::Gpt model{small(1)};
+  CHECK_THROWS_WITH_AS(trace("bad", [&](Tensor t) { return model.logits(t); }, {{"tokens", {2, 5}, DType::i32}}),
+                       "Gpt: tokens must be i32 [batch, 8], got i32[2,5]", UserError);
+}
+
+// ---- predictability: collective plans per layer ----
+
+TEST_CASE("plan: Megatron has 2 all_reduces per layer forward and 2 backward") {
+  const Mesh mesh{{"model", 2}};
+  for (std::int64_t layers : {1, 2, 3}) {
+    CAPTURE(layers);
+    const nn::GptConfig c = small(layers);
+    const int L = static_cast<int>(layers);
+    // Forward: after attention's wo (row-tiled) and after the MLP's w2, the partial sums meet the residual.
+    const SpmdProgram fwd = lower(partition(forward(c), mesh, {megatron("model")}));
+    CHECK(plan(fwd) == std::map<std::string, int>{{"all_reduce{model}", 2 * L}});
+    // Backward: the input gradients of the column-tiled wq/wk/wv and w1 are partial sums, reduced once each
+    // where LayerNorm's backward needs them whole. Embedding, loss and Adam add nothing.
+    const SpmdProgram step = lower(partition(train(c), mesh, {megatron("model")}));
+    CHECK(plan(step) == std::map<std::string, int>{{"all_reduce{model}", 4 * L}});
+    CHECK(plan(step, true).empty());
+    for (const auto& col : step.collectives()) {
+      CHECK(col.operand.shape == Shape{batch, c.seq, c.d_model});  // activations, never weights
+      CHECK(col.collective.reason.find("megatron(model)") != std::string::npos);
+    }
+    CHECK(input_layout(step, "params/layers/0/attn/wq").dims[1] == AxisList{"model"});
+    CHECK(input_layout(step, "params/layers/0/attn/wo").dims[0] == AxisList{"model"});
+    CHECK(input_layout(step, "params/layers/0/mlp/w1").dims[1] == AxisList{"model"});
+    CHECK(input_layout(step, "params/layers/0/mlp/w2").dims[0] == AxisList{"model"});
+  }
+}
+
+TEST_CASE("plan: BP all-reduces each parameter's gradient once, and the loss") {
+  const Program step = train(small(2));
+  const auto P = static_cast<int>(parameters(step).size());
+  CHECK(P == 2 * 15 + 4);  // 15 per layer; embeddings and the final LayerNorm
+  const SpmdProgram fwd = lower(partition(forward(small(2)), Mesh{{"batch", 4}}, {data_parallel("batch")}));
+  CHECK(plan(fwd).empty());
+  CHECK(plan(fwd, true) == std::map<std::string, int>{{"all_reduce{batch}", 1}});
+  const SpmdProgram spmd = lower(partition(step, Mesh{{"batch", 4}}, {data_parallel("batch")}));
+  CHECK(plan(spmd) == std::map<std::string, int>{{"all_reduce{batch}", P}});
+  CHECK(plan(spmd, true) == std::map<std::string, int>{{"all_reduce{batch}", 1}});
+  CHECK(bytes(spmd, CK::all_reduce, {"batch"}) == parameter_bytes(step) + 4);  // + the f32 loss
+}
+
+TEST_CASE("plan: ZeRO-3 all-gathers each parameter once and reduce-scatters its gradient") {
+  const Program step = train(small(2));
+  const auto P = static_cast<int>(parameters(step).size());
+  const Schedule schedule{data_parallel("batch"), zero3("batch")};
+  const SpmdProgram fwd = lower(partition(forward(small(2)), Mesh{{"batch", 4}}, schedule));
+  CHECK(plan(fwd) == std::map<std::string, int>{{"all_gather{batch}", P}});
+  // The backward pass reuses the forward's gathered parameter (lowering shares one reshard per value and
+  // layout), so each parameter is gathered once per step, not twice as in the ZeRO paper.
+  const SpmdProgram spmd = lower(partition(step, Mesh{{"batch", 4}}, schedule));
+  CHECK(plan(spmd) == std::map<std::string, int>{{"all_gather{batch}", P}, {"reduce_scatter{batch}", P}});
+  CHECK(plan(spmd, true) == std::map<std::string, int>{{"all_reduce{batch}", 1}});
+  CHECK(bytes(spmd, CK::all_gather, {"batch"}) == parameter_bytes(step));
+  CHECK(bytes(spmd, CK::reduce_scatter, {"batch"}) == parameter_bytes(step));
+  for (auto v : parameters(step)) CHECK(input_layout(spmd, step.op(v).name).dims[0] == AxisList{"batch"});
+}
+
+TEST_CASE("plan: compositions on a 2x2 mesh add their parts") {
+  const Mesh mesh{{"batch", 2}, {"model", 2}};
+  const nn::GptConfig c = small(2);
+  const Program step = train(c);
+  const auto P = static_cast<int>(parameters(step).size());
+  const int L = 2;
+  SUBCASE("bp,mp: BP's gradient all_reduces on batch, Megatron's on model") {
+    const SpmdProgram spmd = lower(partition(step, mesh, parse_schedule("bp,mp")));
+    CHECK(plan(spmd) == std::map<std::string, int>{{"all_reduce{batch}", P}, {"all_reduce{model}", 4 * L}});
+    CHECK(plan(spmd, true) == std::map<std::string, int>{{"all_reduce{batch}", 1}});
+  }
+  SUBCASE("bp,mp,z3: ZeRO-3 on batch replaces the gradient all_reduces") {
+    const SpmdProgram spmd = lower(partition(step, mesh, parse_schedule("bp,mp,z3")));
+    CHECK(plan(spmd) == std::map<std::string, int>{
+                            {"all_gather{batch}", P}, {"reduce_scatter{batch}", P}, {"all_reduce{model}", 4 * L}});
+  }
+  SUBCASE("bp,mp,z3,emb: the vocab-tiled table adds one all_reduce for the lookup") {
+    // z3 put 'batch' on the table's vocab dim before emb appended 'model', so the table is [V{batch,model}, D]:
+    // - forward: the lookup wants rows on 'model' alone: all_gather{batch,model} then a local slice (batch
+    //   being major, it cannot be gathered alone); the lookup is a partial sum over model: all_reduce{model};
+    //   the tied head wants the table whole (its vocab dim cannot take 'batch', which the logits' batch dim
+    //   holds), a second all_gather{batch,model};
+    // - backward: the table's gradient (lookup + head) is all_reduced on batch, then sliced on
+    //   {batch,model}, since 'model' cannot propagate into it below 'batch'; the other P - 1 parameters are
+    //   gathered once and reduce-scattered as under bp,mp,z3.
+    const SpmdProgram spmd = lower(partition(step, mesh, parse_schedule("bp,mp,z3,emb")));
+    CHECK(plan(spmd) == std::map<std::string, int>{{"all_gather{batch,model}", 2},
+                                                   {"all_gather{batch}", P - 1},
+                                                   {"all_reduce{batch}", 1},
+                                                   {"reduce_scatter{batch}", P},
+                                                   {"all_reduce{model}", 4 * L + 1}});
+    CHECK(input_layout(spmd, "params/tok_embed/table").dims[0] == AxisList{"batch", "model"});
+  }
+  SUBCASE("bp,mp,emb,z3: a vocab-parallel table and head (Megatron's layout)") {
+    // The table is [V{model,batch}, D]; the tied head gives logits tiled on vocab. Forward adds the lookup's
+    // all_reduce, an all_gather of the logits for log_softmax's max (reduce_max needs its dim whole) and the
+    // all_reduce of sum(exp) [B,S,1]; backward adds 4 all_reduces: the head's input gradient [B,S,D] and three
+    // per-position sums of the loss gradient; the scalar loss is a partial sum over batch and model.
+    const SpmdProgram spmd = lower(partition(step, mesh, parse_schedule("bp,mp,emb,z3")));
+    CHECK(plan(spmd) == std::map<std::string, int>{{"all_gather{batch}", P},
+                                                   {"all_gather{model}", 1},
+                                                   {"reduce_scatter{batch}", P},
+                                                   {"all_reduce{model}", 4 * L + 6}});
+    CHECK(plan(spmd, true) == std::map<std::string, int>{{"all_reduce{batch,model}", 1}});
+    CHECK(input_layout(spmd, "params/tok_embed/table").dims[0] == AxisList{"model", "batch"});
+  }
+}
+
+TEST_CASE("plan: MQ decoding keeps the one K/V head whole and splits query heads and the MLP") {
+  nn::GptConfig c = small(2);
+  c.multi_query = true;
+  const nn::Gpt model{c};
+  const Program logits = trace("logits", [&](Tensor t) { return model.logits(t); }, {{"tokens", {batch, c.seq}, DType::i32}});
+  const SpmdProgram spmd = lower(partition(logits, Mesh{{"model", 2}}, {multi_query("model")}));
+  // Per layer: the row-tiled wo and w2 each leave a partial sum for the residual, as in Megatron.
+  CHECK(plan(spmd) == std::map<std::string, int>{{"all_reduce{model}", 2 * 2}});
+  for (const char* kv : {"params/layers/0/attn/wk", "params/layers/0/attn/wv", "params/layers/1/attn/bv"})
+    CHECK(input_layout(spmd, kv).is_replicated());
+  CHECK(input_layout(spmd, "params/layers/0/attn/wq").dims[1] == AxisList{"model"});
+  CHECK(input_layout(spmd, "params/layers/1/mlp/w2").dims[0] == AxisList{"model"});
+  const Error error = max_error(logits, spmd, c.vocab, 3);
+  CHECK_MESSAGE(error.value < 1e-4, error.where);
+}
+
+TEST_CASE("presets: emb and mq need what they shard") {
+  const Program mlp = trace("mlp", [](Tensor x) { return nn::Mlp{"params/mlp", {4, 8, 4}}(x); }, {{"x", {2, 4}}});
+  CHECK_THROWS_WITH_AS(partition(mlp, Mesh{{"model", 2}}, {embedding("model")}),
+                       "tactic 1 (emb(model)): selector 'params/**/table' matches no input or tagged value of program 'mlp'",
+                       UserError);
+  CHECK_THROWS_WITH_AS(partition(mlp, Mesh{{"model", 2}}, {multi_query("model")}),
+                       "tactic 1 (mq(model)): no parameter of 'mlp' is a K/V projection (params/**/attn/wk, wv) to keep whole",
+                       UserError);
+  CHECK(parse_schedule("bp,emb,mq") == Schedule{data_parallel("batch"), embedding("model"), multi_query("model")});
+}
+
+// ---- differential: partitioned == single device ----
+
+TEST_CASE("differential: GPT train steps under compositions equal the single-device step") {
+  struct Case {
+    std::string label;
+    Mesh mesh;
+    Schedule schedule;
+    bool tied = true, multi_query = false;
+  };
+  const Mesh square{{"batch", 2}, {"model", 2}};
+  const Mesh cube{{"pod", 2}, {"batch", 2}, {"model", 2}};
+  const Schedule cube_bp{data_parallel("pod"), data_parallel("batch")};
+  auto with = [](Schedule s, std::vector<Tactic> more) {
+    s.insert(s.end(), more.begin(), more.end());
+    return s;
+  };
+  const std::vector<Case> cases = {
+      {"mp 1x2", Mesh{{"model", 2}}, parse_schedule("mp")},
+      {"bp 4", Mesh{{"batch", 4}}, parse_schedule("bp")},
+      {"bp,z3 4", Mesh{{"batch", 4}}, parse_schedule("bp,z3")},
+      {"bp,mp 2x2", square, parse_schedule("bp,mp")},
+      {"bp,mp,z3 2x2", square, parse_schedule("bp,mp,z3")},
+      {"bp,mp,z3,emb 2x2", square, parse_schedule("bp,mp,z3,emb")},
+      {"bp,mp,emb,z3 2x2", square, parse_schedule("bp,mp,emb,z3")},
+      {"bp,mp,z3,emb 2x2 untied", square, parse_schedule("bp,mp,z3,emb"), false},
+      {"bp,mp,emb(dim 1) 2x2", square, {data_parallel("batch"), megatron("model"), embedding("model", 1)}},
+      {"bp,mq 2x2 multi-query", square, parse_schedule("bp,mq"), true, true},
+      {"bp,mp 2x2x2", cube, with(cube_bp, {megatron("model")})},
+      {"bp,mp,z3 2x2x2", cube, with(cube_bp, {megatron("model"), zero3("batch")})},
+      {"bp,mp,z3,emb 2x2x2", cube, with(cube_bp, {megatron("model"), zero3("batch"), embedding("model")})},
+      {"bp,mp,z2 2x2x2", cube, with(cube_bp, {megatron("model"), zero2("pod")})},
+  };
+  std::uint64_t seed = 1;
+  for (const auto& k : cases) {
+    CAPTURE(k.label);
+    nn::GptConfig c = small(2);
+    c.tied = k.tied;
+    c.multi_query = k.multi_query;
+    const Program step = train(c, 1e-3);
+    const SpmdProgram spmd = lower(partition(step, k.mesh, k.schedule));
+    const Error error = max_error(step, spmd, c.vocab, ++seed);
+    CHECK_MESSAGE(error.value < 1e-4, error.where);
+  }
+}
