@@ -1,6 +1,7 @@
 #pragma once
 // Runs one device's share of an SpmdProgram: local ops on the Eigen kernels, collectives through any
-// Communicator backend, buffers freed by liveness; records peak bytes and the time of every collective.
+// Communicator backend, buffers freed by liveness into the thread's buffer cache; records peak bytes and the
+// time of every collective.
 #include <chrono>
 
 #include "partir/runtime/communicator.hpp"
@@ -35,12 +36,12 @@ Array run_collective(const Collective& c, const Array& in, const TensorType& res
   const std::int64_t device = comm.device();
   const Group group = group_of(mesh, device, c.axes);
   const std::int64_t k = group.size();
-  Array out(result);
+  if (c.kind == CollectiveKind::all_slice) return layout::tile(in, c.dim, k, mesh.position(device, c.axes));
+  Array out = kernels::buffer_cache().take(result);  // every collective below writes all of it
   switch (c.kind) {
-    case CollectiveKind::all_slice:
-      return layout::tile(in, c.dim, k, mesh.position(device, c.axes));
+    case CollectiveKind::all_slice: break;  // handled above
     case CollectiveKind::all_reduce:
-      out = in;
+      std::memcpy(layout::bytes(out), layout::bytes(in), static_cast<std::size_t>(in.bytes()));
       comm.all_reduce(group, layout::bytes(out), out.size(), out.dtype());
       return out;
     case CollectiveKind::all_gather: {
@@ -107,7 +108,8 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
   }
 
   const auto n = static_cast<std::size_t>(p.size());
-  std::vector<std::optional<Array>> values(n);
+  std::vector<const Array*> values(n, nullptr);
+  std::vector<std::optional<Array>> owned(n);  // everything but local-piece inputs, which stay the caller's
   DeviceResult result;
   std::int64_t resident = 0;
   for (const auto& b : p.inputs()) {
@@ -117,21 +119,22 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
     if (it->second.type() != expect)
       user_error(where + ": input '" + b.name + "' expects " + to_string(expect) +
                  (options.global_inputs ? "" : " (local piece)") + ", got " + to_string(it->second.type()));
-    values[static_cast<std::size_t>(b.value)] =
-        options.global_inputs ? layout::shard(it->second, b.sharding, mesh, comm.device()) : it->second;
-    resident += expect.bytes();
+    const auto v = static_cast<std::size_t>(b.value);
+    if (options.global_inputs) owned[v] = layout::shard(it->second, b.sharding, mesh, comm.device());
+    values[v] = options.global_inputs ? &*owned[v] : &it->second;
+    resident += p.type(b.value).bytes();
   }
   std::int64_t peak = resident;
   const auto frees = p.last_uses();
   std::vector<const Array*> operands;
   for (ValueId v = 0; v < p.size(); ++v) {
     const SpmdOp& s = p.op(v);
-    auto& slot = values[static_cast<std::size_t>(v)];
+    auto& slot = owned[static_cast<std::size_t>(v)];
     if (s.op.kind == OpKind::input && !s.collective) {
-      if (!slot) internal_error(where + ": input %" + std::to_string(v) + " has no binding");
+      if (!values[static_cast<std::size_t>(v)]) internal_error(where + ": input %" + std::to_string(v) + " has no binding");
     } else {
       operands.clear();
-      for (auto o : s.op.operands) operands.push_back(&*values[static_cast<std::size_t>(o)]);
+      for (auto o : s.op.operands) operands.push_back(values[static_cast<std::size_t>(o)]);
       try {
         if (s.collective) {
           auto t0 = std::chrono::steady_clock::now();
@@ -147,20 +150,29 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
       } catch (const UserError& e) {
         user_error(where + ": %" + std::to_string(v) + ": " + e.what());
       }
+      values[static_cast<std::size_t>(v)] = &*slot;
       resident += slot->bytes();
       peak = std::max(peak, resident);
     }
     for (auto dead : frees[static_cast<std::size_t>(v)]) {
       const bool is_input = p.op(dead).op.kind == OpKind::input && !p.op(dead).collective;
-      if (is_input) continue;  // inputs stay resident (parameters and state live across steps)
-      resident -= values[static_cast<std::size_t>(dead)]->bytes();
-      values[static_cast<std::size_t>(dead)].reset();
+      auto& buffer = owned[static_cast<std::size_t>(dead)];
+      if (is_input || !buffer) continue;  // inputs stay resident (parameters and state live across steps)
+      resident -= buffer->bytes();
+      kernels::buffer_cache().give(std::move(*buffer));  // reused by later ops and steps: no fresh pages
+      buffer.reset();
+      values[static_cast<std::size_t>(dead)] = nullptr;
     }
   }
+  kernels::buffer_cache().end_run();
   result.peak_bytes = peak;
 
   for (const auto& b : p.outputs()) {
-    Array piece = *values[static_cast<std::size_t>(b.value)];
+    const auto v = static_cast<std::size_t>(b.value);
+    // An intermediate output hands over its buffer (unless a later output names it too); inputs are copied.
+    bool named_later = false;
+    for (const auto* o = &b + 1; o != p.outputs().data() + p.outputs().size(); ++o) named_later |= o->value == b.value;
+    Array piece = owned[v] && !named_later ? std::move(*owned[v]) : *values[v];
     if (options.global_outputs) {
       Shape shape = piece.shape();
       if (!b.sharding.partial.empty())

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "partir/runtime/communicator.hpp"
+#include "partir/runtime/malloc_policy.hpp"
 
 namespace partir::mpi {
 
@@ -40,6 +41,7 @@ inline int count(std::int64_t n) {
 class Session {
  public:
   Session(int& argc, char**& argv) {
+    keep_freed_memory();
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {

@@ -1,6 +1,7 @@
 #pragma once
 // The threads backend: N devices as N threads of one process exchanging data through shared memory.
 // Every member of a group reduces in group order, so all members get bitwise-identical results.
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <exception>
@@ -10,6 +11,7 @@
 #include <thread>
 
 #include "partir/runtime/communicator.hpp"
+#include "partir/runtime/malloc_policy.hpp"
 
 namespace partir::threads {
 
@@ -18,6 +20,7 @@ class World {
  public:
   explicit World(int devices) : devices_(devices) {
     if (devices < 1) user_error("threads::World: needs at least 1 device, got " + std::to_string(devices));
+    keep_freed_memory();
   }
   int size() const { return devices_; }
 
@@ -93,13 +96,25 @@ class Communicator {
   int device() const { return device_; }
   int num_devices() const { return world_->size(); }
 
+  // Reduce-scatter then all-gather through shared memory: member i sums block i of every member's data
+  // into its scratch, then every member copies all the sums. Each member reads about 2n elements, not k*n.
   void all_reduce(const Group& g, void* data, std::int64_t n, DType t) {
     const int me = g.index_of(device_);
-    std::vector<std::byte> sum(static_cast<std::size_t>(n * size_of(t)));
-    world_->exchange(g, me, data, data, [&](const auto& ins, const auto&) {
-      reduce_blocks(ins, 0, sum.data(), n, t);
+    const std::int64_t k = g.size(), block = (n + k - 1) / k, first = std::min<std::int64_t>(me * block, n),
+                       count = std::min<std::int64_t>(block, n - first);
+    const auto width = static_cast<std::size_t>(size_of(t));
+    std::vector<std::byte> partial(static_cast<std::size_t>(block) * width);
+    world_->exchange(g, me, data, partial.data(), [&](const auto& ins, const auto&) {
+      reduce_blocks(ins, static_cast<std::size_t>(first) * width, partial.data(), count, t);
     });
-    std::memcpy(data, sum.data(), sum.size());
+    world_->exchange(g, me, partial.data(), nullptr, [&](const auto& ins, const auto&) {
+      for (std::int64_t i = 0; i < k; ++i) {
+        const std::int64_t from = std::min<std::int64_t>(i * block, n), len = std::min<std::int64_t>(block, n - from);
+        if (len > 0)
+          std::memcpy(static_cast<std::byte*>(data) + static_cast<std::size_t>(from) * width,
+                      ins[static_cast<std::size_t>(i)], static_cast<std::size_t>(len) * width);
+      }
+    });
   }
   void all_gather(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
     const auto bytes = static_cast<std::size_t>(n * size_of(t));
@@ -129,18 +144,21 @@ class Communicator {
   }
 
  private:
-  // out = sum over members of their block at byte offset `offset`, in member order.
+  // out = sum over members of their block at byte offset `offset`, in member order (the same order on every
+  // member, so all of them get bitwise-identical sums).
   static void reduce_blocks(const std::vector<const void*>& ins, std::size_t offset, void* out, std::int64_t n,
                             DType t) {
     auto run = [&](auto zero) {
       using T = decltype(zero);
       T* o = static_cast<T*>(out);
-      std::vector<T> acc(static_cast<std::size_t>(n));
-      for (const void* in : ins) {
-        const T* b = reinterpret_cast<const T*>(static_cast<const std::byte*>(in) + offset);
-        for (std::int64_t i = 0; i < n; ++i) acc[static_cast<std::size_t>(i)] += b[i];
+      auto block = [&](std::size_t member) {
+        return reinterpret_cast<const T*>(static_cast<const std::byte*>(ins[member]) + offset);
+      };
+      std::memcpy(o, block(0), static_cast<std::size_t>(n) * sizeof(T));
+      for (std::size_t m = 1; m < ins.size(); ++m) {
+        const T* b = block(m);
+        for (std::int64_t i = 0; i < n; ++i) o[i] += b[i];
       }
-      std::memcpy(o, acc.data(), acc.size() * sizeof(T));
     };
     switch (t) {
       case DType::f32: run(0.f); break;

@@ -46,6 +46,15 @@ class Lowering {
   }
 
  private:
+  // The planned sharding without axes of size 1: they cut nothing, so they never cost a collective.
+  Sharding planned(ValueId v) const {
+    Sharding s = plan_.sharding(v);
+    auto drop = [&](AxisList& axes) { std::erase_if(axes, [&](const auto& a) { return mesh_.axis_size(a) == 1; }); };
+    for (auto& d : s.dims) drop(d);
+    drop(s.partial);
+    return s;
+  }
+
   const Sharding& layout_of(ValueId spmd_value) const { return layouts_.at(static_cast<std::size_t>(spmd_value)); }
 
   ValueId emit(Op op, Sharding layout, std::optional<Collective> c = std::nullopt, AxisList row_shard = {}) {
@@ -185,13 +194,13 @@ class Lowering {
     const TensorType& type = prog_.type(v);
     for (ValueId u : users_[static_cast<std::size_t>(v)]) {
       if (!is_elementwise(prog_.op(u).kind)) continue;
-      const auto d = plan_.sharding(u).dim_of(p);
-      if (d < 0 || got.dims[static_cast<std::size_t>(d)].size() + 1 != plan_.sharding(u).dims[static_cast<std::size_t>(d)].size() ||
+      const auto d = planned(u).dim_of(p);
+      if (d < 0 || got.dims[static_cast<std::size_t>(d)].size() + 1 != planned(u).dims[static_cast<std::size_t>(d)].size() ||
           rule.result[static_cast<std::size_t>(d)].size() != 1)
         continue;
       AxisList axes = got.dims[static_cast<std::size_t>(d)];
       axes.push_back(p);
-      if (axes != plan_.sharding(u).dims[static_cast<std::size_t>(d)] || got.uses(p) ||
+      if (axes != planned(u).dims[static_cast<std::size_t>(d)] || got.uses(p) ||
           type.shape[static_cast<std::size_t>(d)] % tile_count(axes, mesh_) != 0)
         continue;
       got.dims[static_cast<std::size_t>(d)] = axes;
@@ -203,7 +212,7 @@ class Lowering {
   void lower_op(ValueId v) {
     const Op& op = prog_.op(v);
     const TensorType& type = op.type;
-    Sharding want = plan_.sharding(v);
+    Sharding want = planned(v);
     auto& slot = local_[static_cast<std::size_t>(v)];
     if (op.kind == OpKind::input) {
       want.partial.clear();  // an input is a whole value
