@@ -282,3 +282,10 @@ TEST_CASE("lowering: golden text of BP + Megatron on a forward MLP") {
   CHECK(to_string(lower(partition(f, Mesh{{"batch", 2}, {"model", 2}}, {data_parallel("batch"), megatron("model")}))) ==
         golden);
 }
+
+TEST_CASE("lowering: a slice passes a tiled dim whole") {
+  Program p = trace("s", [](Tensor x) { return slice(x, {0, 1}, {4, 3}); }, {{"x", {4, 4}}});
+  const SpmdProgram spmd = lower(partition(p, Mesh{{"batch", 2}}, {ManualPartition{{{"x", 0}}, "batch"}}));
+  const Array x({4, 4}, std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
+  CHECK(execute_on_threads(spmd, {{"x", x}})[1].outputs.at("out") == interpret(p, {{"x", x}}).at("out"));
+}

@@ -320,6 +320,9 @@ class Lowering {
     local.type.shape = local_shape(type, got, mesh_);
     if (op.kind == OpKind::broadcast_in_dim || op.kind == OpKind::reshape || op.kind == OpKind::scatter_add)
       local.attrs.shape = local.type.shape;
+    if (op.kind == OpKind::slice)  // a tiled dim passes whole (the rule allows it only so): keep all of the tile
+      for (std::size_t d = 0; d < local.attrs.hi.size(); ++d)
+        if (out_.type(operands[0]).shape[d] != prog_.type(op.operands[0]).shape[d]) local.attrs.hi[d] = out_.type(operands[0]).shape[d];
     std::vector<TensorType> operand_types;
     for (auto o : operands) operand_types.push_back(out_.type(o));
     const TensorType inferred = infer_type(local.kind, operand_types, local.attrs);
