@@ -5,24 +5,19 @@
 //                      [--reps 5] [--profile calibrate|cpu|file.json] [--json out.json] [--trace-dir dir]
 // threads: every device count in --devices, one process; mpi: the world size (mpirun -np 2 ...).
 // --profile calibrate (the default) measures this machine first with the same devices (sim/calibrate.hpp).
-// Measured time: the slowest device's execute() per step, median of --reps; measured memory: the
-// executor's peak (each device is given only its own piece of every input).
-// The executor allocates every result afresh. glibc would return large freed buffers to the kernel and
-// fault them in again (here ~20 us per 4 KiB page, 100x the kernels' own cost), so, as a caching allocator
-// would, the process keeps freed memory for reuse: steady-state steps then cost what their kernels do.
+// Measured time: the slowest device's execute() per step, the best of --reps steps (calibration also keeps
+// its best rounds: on a shared machine other work only ever adds time); measured memory: the executor's peak
+// (each device is given only its own piece of every input).
 #include <partir/partir.hpp>
 #ifdef PARTIR_BENCH_MPI
 #include <partir/runtime/mpi.hpp>
-#endif
-
-#ifdef __GLIBC__
-#include <malloc.h>
 #endif
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <limits>
 
@@ -100,37 +95,41 @@ std::vector<Strategy> strategies(std::int64_t n) {
   return out;
 }
 
+struct Measured {
+  double seconds = 0;                // the best step, slowest device
+  double communication_seconds = 0;  // in collectives during that step, slowest device
+  std::int64_t peak_bytes = 0;       // the largest device peak
+};
+
 struct Result {
   std::int64_t devices;
   std::string strategy, mesh;
   p::Report predicted;
-  double measured_seconds = 0;
-  std::int64_t measured_peak = 0;
+  Measured measured;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // One configuration on this device: every device runs the same steps; the slowest device times a step.
 template <p::Communicator C>
-std::pair<double, std::int64_t> measure(C& comm, const p::SpmdProgram& spmd, const p::NamedArrays& global, int reps) {
+Measured measure(C& comm, const p::SpmdProgram& spmd, const p::NamedArrays& global, int reps) {
   p::NamedArrays local;
   for (const auto& b : spmd.inputs())
     local[b.name] = p::layout::shard(global.at(b.name), b.sharding, spmd.mesh(), comm.device());
   const p::ExecuteOptions pieces{false, false};
-  std::int64_t peak = p::execute(spmd, comm, local, pieces).peak_bytes;  // also the warm-up
-  std::vector<double> seconds;
+  const std::int64_t peak = p::execute(spmd, comm, local, pieces).peak_bytes;  // also the warm-up
+  Measured best{std::numeric_limits<double>::infinity(), 0, 0};
   for (int r = 0; r < reps; ++r) {
     comm.barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    (void)p::execute(spmd, comm, local, pieces);
-    seconds.push_back(p::calibration::max_over_devices(
-        comm, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+    const auto result = p::execute(spmd, comm, local, pieces);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    double in_collectives = 0;
+    for (double c : result.collective_seconds) in_collectives += c;
+    const double step = p::calibration::max_over_devices(comm, seconds);
+    const double communication = p::calibration::max_over_devices(comm, in_collectives);
+    if (step < best.seconds) best = {step, communication, 0};
   }
-  const auto worst_peak = static_cast<std::int64_t>(p::calibration::max_over_devices(comm, static_cast<double>(peak)));
-  return {median(seconds), worst_peak};
+  best.peak_bytes = static_cast<std::int64_t>(p::calibration::max_over_devices(comm, static_cast<double>(peak)));
+  return best;
 }
 
 // Every strategy on the devices of `comm`; device 0 appends the results.
@@ -148,9 +147,9 @@ void run_device_count(C& comm, const Options& o, const p::Program& step, const p
   }
   for (const auto& s : strategies(n)) {
     const p::SpmdProgram spmd = p::lower(p::partition(step, s.mesh, p::parse_schedule(s.name == "none" ? "" : s.name)));
-    const auto [seconds, peak] = measure(comm, spmd, global, o.reps);
+    const Measured m = measure(comm, spmd, global, o.reps);
     if (comm.device() != 0) continue;
-    results.push_back({n, s.name, s.mesh.to_string(), p::simulate(spmd, hw), seconds, peak});
+    results.push_back({n, s.name, s.mesh.to_string(), p::simulate(spmd, hw), m});
     if (!o.trace_dir.empty())
       p::json::write_file(o.trace_dir + "/" + std::to_string(n) + "-" + s.name + ".sim.json",
                           p::chrome_trace(results.back().predicted, n));
@@ -179,28 +178,40 @@ double spearman(const std::vector<double>& a, const std::vector<double>& b) {
   return va > 0 && vb > 0 ? cov / std::sqrt(va * vb) : 1.0;
 }
 
-void report(const std::vector<Result>& results, const Options& o, const std::string& model) {
+// The host's 1-minute load average ("" where /proc has none): other work on a shared machine skews both
+// calibration and measurement, so the figures travel with it.
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one;
+  in >> one;
+  return one;
+}
+
+void report(const std::vector<Result>& results, const Options& o, const std::string& model, const std::string& load) {
   std::printf("# simulator accuracy: %s, backend %s, profile %s\n", model.c_str(), o.backend.c_str(), o.profile.c_str());
-  std::printf("# predicted time: compute and communication serialized; measured: slowest device, median of %d steps\n",
+  if (!load.empty()) std::printf("# host load average: %s at start, %s at end\n", load.c_str(), load_average().c_str());
+  std::printf("# predicted time: compute and communication serialized; measured: slowest device, best of %d steps\n",
               o.reps);
-  std::printf("%7s  %-8s %-20s %10s %10s %7s %8s %11s %11s %7s\n", "devices", "strategy", "mesh", "pred(ms)", "meas(ms)",
-              "err%", "comm(ms)", "pred(MiB)", "meas(MiB)", "err%");
+  std::printf("%7s  %-8s %-18s %9s %9s %7s %9s %9s %10s %10s %7s\n", "devices", "strategy", "mesh", "pred(ms)",
+              "meas(ms)", "err%", "pred comm", "meas comm", "pred(MiB)", "meas(MiB)", "err%");
   std::vector<double> pt, mt, pm, mm;
   double worst_time = 0, worst_memory = 0;
   for (const auto& r : results) {
-    const double t_err = (r.predicted.step_seconds - r.measured_seconds) / r.measured_seconds * 100;
-    const double m_err = static_cast<double>(r.predicted.peak_bytes - r.measured_peak) /
-                         static_cast<double>(r.measured_peak) * 100;
+    const Measured& m = r.measured;
+    const double t_err = (r.predicted.step_seconds - m.seconds) / m.seconds * 100;
+    const double m_err =
+        static_cast<double>(r.predicted.peak_bytes - m.peak_bytes) / static_cast<double>(m.peak_bytes) * 100;
     worst_time = std::max(worst_time, std::abs(t_err));
     worst_memory = std::max(worst_memory, std::abs(m_err));
-    std::printf("%7lld  %-8s %-20s %10.2f %10.2f %+7.1f %8.2f %11.2f %11.2f %+7.2f\n", static_cast<long long>(r.devices),
-                r.strategy.c_str(), r.mesh.c_str(), r.predicted.step_seconds * 1e3, r.measured_seconds * 1e3, t_err,
-                r.predicted.communication_seconds * 1e3, static_cast<double>(r.predicted.peak_bytes) / (1 << 20),
-                static_cast<double>(r.measured_peak) / (1 << 20), m_err);
+    std::printf("%7lld  %-8s %-18s %9.2f %9.2f %+7.1f %9.2f %9.2f %10.2f %10.2f %+7.2f\n", static_cast<long long>(r.devices),
+                r.strategy.c_str(), r.mesh.c_str(), r.predicted.step_seconds * 1e3, m.seconds * 1e3, t_err,
+                r.predicted.communication_seconds * 1e3, m.communication_seconds * 1e3,
+                static_cast<double>(r.predicted.peak_bytes) / (1 << 20), static_cast<double>(m.peak_bytes) / (1 << 20),
+                m_err);
     pt.push_back(r.predicted.step_seconds);
-    mt.push_back(r.measured_seconds);
+    mt.push_back(r.measured.seconds);
     pm.push_back(static_cast<double>(r.predicted.peak_bytes));
-    mm.push_back(static_cast<double>(r.measured_peak));
+    mm.push_back(static_cast<double>(r.measured.peak_bytes));
   }
   std::printf("# time:        rank correlation %.3f, worst |error| %.1f%% (targets 1.0, 15%%)\n", spearman(pt, mt), worst_time);
   std::printf("# peak memory: rank correlation %.3f, worst |error| %.2f%% (targets 1.0, 5%%)\n", spearman(pm, mm), worst_memory);
@@ -211,8 +222,9 @@ void report(const std::vector<Result>& results, const Options& o, const std::str
                   .set("devices", r.devices)
                   .set("strategy", r.strategy)
                   .set("mesh", r.mesh)
-                  .set("measured_seconds", r.measured_seconds)
-                  .set("measured_peak_bytes", r.measured_peak)
+                  .set("measured_seconds", r.measured.seconds)
+                  .set("measured_communication_seconds", r.measured.communication_seconds)
+                  .set("measured_peak_bytes", r.measured.peak_bytes)
                   .set("predicted", r.predicted.to_json()));
   p::json::write_file(o.json_path, p::json::object()
                                        .set("model", model)
@@ -226,11 +238,6 @@ void report(const std::vector<Result>& results, const Options& o, const std::str
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
-#ifdef __GLIBC__
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: bigger buffers are always mapped afresh
-  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
-  mallopt(M_ARENA_MAX, 1);  // per-thread arenas would still unmap their freed heaps
-#endif
   try {
     p::nn::Mlp mlp{"params/mlp", o.sizes};
     const p::Program step = p::train_step([&](p::Tensor x, p::Tensor y) { return p::mse(mlp(x), y); }, p::Adam{},
@@ -241,16 +248,17 @@ int main(int argc, char** argv) {
     const p::NamedArrays global = p::init_inputs(step, 0, true);
     if (!o.trace_dir.empty()) std::filesystem::create_directories(o.trace_dir);
     std::vector<Result> results;
+    const std::string load = load_average();
     if (o.backend == "threads") {
       for (auto n : o.devices)
         p::threads::run(static_cast<int>(n), [&](p::threads::Communicator& c) { run_device_count(c, o, step, global, results); });
-      report(results, o, model);
+      report(results, o, model, load);
     } else if (o.backend == "mpi") {
 #ifdef PARTIR_BENCH_MPI
       p::mpi::Session session(argc, argv);
       p::mpi::Communicator comm;
       run_device_count(comm, o, step, global, results);
-      if (comm.device() == 0) report(results, o, model);
+      if (comm.device() == 0) report(results, o, model, load);
 #else
       fail("--backend mpi: this build has no MPI");
 #endif

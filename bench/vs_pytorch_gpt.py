@@ -6,7 +6,10 @@ include/partir/dsl/transformer.hpp, written again in torch below), same sizes, f
   torch, 2 threads          vs  partir, BP on 2 devices (threads backend; and 2 MPI ranks when mpirun exists)
 
 Each configuration runs in its own process with OPENBLAS_NUM_THREADS set, since torch.set_num_threads does not
-bound OpenBLAS's pool. Step time is the median over the steps after --warmup.
+bound OpenBLAS's pool. Step time is the median over the steps after --warmup. partir also runs with glibc's
+malloc told to keep freed memory (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_): its kernels allocate a
+fresh buffer per op, and by default glibc returns large ones to the kernel, so every step page-faults its
+intermediates again; the "malloc kept" rows show what a buffer-reusing runtime would gain.
 
 usage: /usr/bin/python3 bench/vs_pytorch_gpt.py [--build build] [--steps 30] [--batch 16 --seq 64 ...]
 (Debian's python3-torch lives under /usr/bin/python3, not a pyenv or venv interpreter.)
@@ -87,7 +90,10 @@ def torch_step_ms(a):
     return statistics.median(times[a.warmup:])
 
 
-def partir_step_ms(a, mesh, schedule, launcher):
+KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+
+
+def partir_step_ms(a, mesh, schedule, launcher, malloc_env):
     binary = pathlib.Path(a.build) / "examples" / "gpt_train"
     with tempfile.TemporaryDirectory() as tmp:
         report = pathlib.Path(tmp) / "report.json"
@@ -97,7 +103,7 @@ def partir_step_ms(a, mesh, schedule, launcher):
                           "--report-file", str(report)]
         if launcher:
             cmd += ["--backend", "mpi"]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env_with_threads(1))
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=dict(env_with_threads(1), **malloc_env))
         return statistics.median(json.loads(report.read_text())["step_ms"][a.warmup:])
 
 
@@ -131,18 +137,23 @@ def main():
         return float(out.stdout.split()[-1])
 
     tokens = a.batch * a.seq
-    rows = [("torch, 1 thread", torch_ms(1), None), ("partir, 1 device", partir_step_ms(a, "batch=1", "none", []), 0),
-            ("torch, 2 threads", torch_ms(2), None),
-            ("partir, bp on 2 threads", partir_step_ms(a, "batch=2", "bp", []), 2)]
+    def partir_rows(label, mesh, schedule, launcher, torch_row):
+        return [(label, partir_step_ms(a, mesh, schedule, launcher, {}), torch_row),
+                (label + ", malloc kept", partir_step_ms(a, mesh, schedule, launcher, KEEP_FREED_MEMORY), torch_row)]
+
+    rows = [("torch, 1 thread", torch_ms(1), None)]
+    rows += partir_rows("partir, 1 device", "batch=1", "none", [], 0)
+    rows.append(("torch, 2 threads", torch_ms(2), None))
+    torch2 = len(rows) - 1
+    rows += partir_rows("partir, bp on 2 threads", "batch=2", "bp", [], torch2)
     if shutil.which("mpirun"):
-        mpirun = ["mpirun", "--oversubscribe", "-np", "2"]
-        rows.append(("partir, bp on 2 MPI ranks", partir_step_ms(a, "batch=2", "bp", mpirun), 2))
+        rows += partir_rows("partir, bp on 2 MPI ranks", "batch=2", "bp", ["mpirun", "--oversubscribe", "-np", "2"], torch2)
     print(f"GPT train step: batch {a.batch}, seq {a.seq}, d_model {a.dmodel}, heads {a.heads}, layers {a.layers}, "
           f"vocab 256, fp32, Adam; median of {a.steps - a.warmup} steps")
-    print(f"{'run':<28}{'ms/step':>10}{'tokens/s':>12}{'torch/partir':>14}")
+    print(f"{'run':<42}{'ms/step':>10}{'tokens/s':>12}{'torch/partir':>14}")
     for name, ms, torch_row in rows:
         ratio = f"{rows[torch_row][1] / ms:.2f}x" if torch_row is not None else ""
-        print(f"{name:<28}{ms:>10.2f}{tokens / ms * 1e3:>12.0f}{ratio:>14}")
+        print(f"{name:<42}{ms:>10.2f}{tokens / ms * 1e3:>12.0f}{ratio:>14}")
     print("torch/partir > 1 means partir is faster than PyTorch with as many threads.")
 
 

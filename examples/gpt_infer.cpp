@@ -5,7 +5,7 @@
 // Prints the collective plan of the decode program, the continuations, decode tokens/s, and how far the
 // partitioned logits are from the single-device program's.
 //   build/examples/gpt_infer
-//   build/examples/gpt_infer --mesh batch=2,model=2 --schedule bp,mq --train-schedule bp,mq
+//   build/examples/gpt_infer --mesh batch=2,model=2 --schedule mq --train-schedule bp,mq
 //   mpirun -np 2 build/examples/gpt_infer --backend mpi
 #include <partir/partir.hpp>
 #ifdef PARTIR_EXAMPLES_MPI

@@ -697,6 +697,34 @@ TEST_CASE("interpret: peak memory counts inputs, live intermediates and outputs"
   CHECK(stats.peak_bytes == 3 * 4000);
 }
 
+TEST_CASE("interpret: recycled buffers never leak stale values into results") {
+  // Each fill run frees an f32[64,64] intermediate full of 7s into the buffer cache; the next run's pad or
+  // scatter_add result of that type reuses it and must still start from zeros.
+  Program fill("fill");
+  auto x = fill.add_input("x", {{64, 64}});
+  Attrs all;
+  all.dims = {0, 1};
+  fill.add_output("s", fill.add(OpKind::reduce_sum, {fill.add(OpKind::add, {x, x})}, all));
+  const NamedArrays halves{{"x", Array({64, 64}, std::vector<float>(64 * 64, 3.5f))}};
+
+  interpret(fill, halves);
+  CHECK(kernels::buffer_cache().bytes() >= 64 * 64 * 4);
+  Attrs pad;
+  pad.lo = {1, 0};
+  pad.hi = {1, 0};
+  const Array padded = run(OpKind::pad, {Array({62, 64}, std::vector<float>(62 * 64, 1.f))}, pad);
+  CHECK(padded.at(0) == 0);
+  CHECK(padded.at(64 * 64 - 1) == 0);
+  CHECK(padded.at(64) == 1);
+
+  interpret(fill, halves);
+  Attrs scatter;
+  scatter.shape = {64, 64};
+  const Array summed = run(OpKind::scatter_add, {Array({1}, std::vector<std::int32_t>{2}), Array({1, 64}, std::vector<float>(64, 1.f))}, scatter);
+  CHECK(summed.at(0) == 0);
+  CHECK(summed.at(2 * 64) == 1);
+}
+
 TEST_CASE("init_inputs: deterministic per (seed, name), with the requested statistics") {
   Program p("init");
   p.add_input("x", {{4}});

@@ -33,20 +33,22 @@ HardwareProfile unit_profile() {
 //   %2 = neg x; %3 = reduce_sum %2; %4 = all_reduce %3 -> "loss";  %5 = neg w; %6 = add w, %5 -> updates w.
 SpmdProgram toy_step() {
   const Mesh mesh{{"batch", 2}};
+  const TensorType vec4{{4}}, vec8{{8}}, scalar{{}};
+  const Sharding tiled{{{"batch"}}, {}};
   SpmdProgram p("toy", mesh);
-  auto w = p.add({input_op("w", {{4}}, InputKind::parameter)});
-  p.add_input({"w", w, {{8}}, Sharding{{{"batch"}}, {}}, ""});
-  auto x = p.add({input_op("x", {{8}}, InputKind::data)});
-  p.add_input({"x", x, {{8}}, Sharding::replicated(1), ""});
-  auto a = p.add({local_op(OpKind::neg, {x}, {{8}})});
+  auto w = p.add({input_op("w", vec4, InputKind::parameter)});
+  p.add_input({"w", w, vec8, tiled, ""});
+  auto x = p.add({input_op("x", vec8, InputKind::data)});
+  p.add_input({"x", x, vec8, Sharding::replicated(1), ""});
+  auto a = p.add({local_op(OpKind::neg, {x}, vec8)});
   Attrs all;
   all.dims = {0};
-  auto s = p.add({local_op(OpKind::reduce_sum, {a}, {{}}, all)});
-  auto loss = p.add({local_op(OpKind::input, {s}, {{}}), Collective{CollectiveKind::all_reduce, {"batch"}}});
-  p.add_output({"loss", loss, {{}}, Sharding::replicated(0), ""});
-  auto g = p.add({local_op(OpKind::neg, {w}, {{4}})});
-  auto w_new = p.add({local_op(OpKind::add, {w, g}, {{4}})});
-  p.add_output({"w", w_new, {{8}}, Sharding{{{"batch"}}, {}}, "w"});
+  auto s = p.add({local_op(OpKind::reduce_sum, {a}, scalar, all)});
+  auto loss = p.add({local_op(OpKind::input, {s}, scalar), Collective{CollectiveKind::all_reduce, {"batch"}}});
+  p.add_output({"loss", loss, scalar, Sharding::replicated(0), ""});
+  auto g = p.add({local_op(OpKind::neg, {w}, vec4)});
+  auto w_new = p.add({local_op(OpKind::add, {w, g}, vec4)});
+  p.add_output({"w", w_new, vec8, tiled, "w"});
   return p;
 }
 
@@ -107,6 +109,14 @@ TEST_CASE("cost model: roofline and ring formulas") {
   strided.op_bandwidth[OpKind::transpose] = 0.5e9;
   CHECK(roofline_seconds({0, 1e9}, OpKind::transpose, DType::f32, strided) == doctest::Approx(2.0));
   CHECK(roofline_seconds({0, 1e9}, OpKind::add, DType::f32, strided) == doctest::Approx(1.0));
+  // Caches: streaming at 4 GB/s up to 1 KB of working set, 2 GB/s (memory) from 100 KB, log-interpolated.
+  HardwareProfile cached = strided;
+  cached.memory_bandwidth = 2e9;
+  cached.cache_curve = {{1e3, 4e9}, {1e5, 2e9}};
+  CHECK(cached.bandwidth(OpKind::add, 1e2) == doctest::Approx(4e9));
+  CHECK(cached.bandwidth(OpKind::add, 1e4) == doctest::Approx(3e9));
+  CHECK(cached.bandwidth(OpKind::add, 1e7) == doctest::Approx(2e9));
+  CHECK(cached.bandwidth(OpKind::transpose, 1e2) == doctest::Approx(1e9));
   CHECK_THROWS_WITH_AS(roofline_seconds({1, 1}, OpKind::add, DType::f64, hw),
                        "hardware profile 'unit' has no peak FLOP/s for f64", UserError);
 
@@ -157,6 +167,7 @@ TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
   hw.name = "odd \"name\"\n\twith escapes";
   hw.links.push_back({"model", "all_to_all", 8, {1.0 / 3, 1e-10 / 7}});
   hw.op_bandwidth = {{OpKind::transpose, 2.5e9}, {OpKind::broadcast_in_dim, 1e10}};
+  hw.cache_curve = {{786432, 6.1e10}, {5e7, 1e9}};
   hw.memory_capacity = std::int64_t{141} << 30;
   CHECK(HardwareProfile::from_json(json::parse(hw.to_json().dump(2))) == hw);
 

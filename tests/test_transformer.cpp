@@ -295,6 +295,28 @@ TEST_CASE("plan: compositions on a 2x2 mesh add their parts") {
   }
 }
 
+TEST_CASE("plan: compositions on a 2x2x2 mesh, data parallel over two axes") {
+  const Mesh cube{{"pod", 2}, {"batch", 2}, {"model", 2}};
+  const Program step = train(small(2));
+  const auto P = static_cast<int>(parameters(step).size());
+  const int L = 2;
+  const Schedule bp_mp{data_parallel("pod"), data_parallel("batch"), megatron("model")};
+  SUBCASE("bp,mp: one gradient all_reduce over both data axes per parameter") {
+    const SpmdProgram spmd = lower(partition(step, cube, bp_mp));
+    CHECK(plan(spmd) == std::map<std::string, int>{{"all_reduce{pod,batch}", P}, {"all_reduce{model}", 4 * L}});
+    CHECK(plan(spmd, true) == std::map<std::string, int>{{"all_reduce{pod,batch}", 1}});
+  }
+  SUBCASE("bp,mp,z3 with ZeRO on batch: reduce_scatter within a pod, all_reduce of the shard across pods") {
+    Schedule schedule = bp_mp;
+    schedule.push_back(zero3("batch"));
+    const SpmdProgram spmd = lower(partition(step, cube, schedule));
+    CHECK(plan(spmd) == std::map<std::string, int>{{"all_gather{batch}", P},
+                                                   {"reduce_scatter{batch}", P},
+                                                   {"all_reduce{pod}", P},
+                                                   {"all_reduce{model}", 4 * L}});
+  }
+}
+
 TEST_CASE("plan: MQ decoding keeps the one K/V head whole and splits query heads and the MLP") {
   nn::GptConfig c = small(2);
   c.multi_query = true;

@@ -1,5 +1,6 @@
 #pragma once
-// Runs a whole Program on this host, one kernel per op, freeing every intermediate after its last use.
+// Runs a whole Program on this host, one kernel per op, freeing every intermediate after its last use (into
+// the thread's buffer cache, for the next ops and runs).
 #include <optional>
 #include <string>
 #include <vector>
@@ -61,10 +62,12 @@ NamedArrays interpret(const Program& p, const Inputs& inputs, RunStats* stats = 
     for (auto dead : frees[v]) {
       if (!owned[dead]) continue;
       resident -= owned[dead]->bytes();
+      kernels::buffer_cache().give(std::move(*owned[dead]));
       owned[dead].reset();
       values[dead] = nullptr;
     }
   }
+  kernels::buffer_cache().end_run();
   if (stats) stats->peak_bytes = peak;
 
   // The last output naming an intermediate takes its buffer; inputs and earlier names get copies.

@@ -4,8 +4,9 @@
 // compute is measured with all devices busy at once, as in a real step (devices that share cores or memory
 // bandwidth see their share). Measured:
 //   - peak FLOP/s per dtype: dot_general through the CPU kernels on a few MLP-sized GEMMs (the median);
-//   - memory bandwidth: an elementwise add of large arrays, counting both reads and the write; the same
-//     for the strided copies broadcast_in_dim and transpose, whose kernels stream at other rates;
+//   - memory bandwidth: an elementwise add, counting both reads and the write, from cache-sized arrays to
+//     arrays larger than the caches (the cache curve); the strided copies broadcast_in_dim and transpose
+//     on large arrays, whose kernels stream at other rates;
 //   - op overhead: an add on one element;
 //   - alpha-beta per collective kind and group size: the executor's own collective path (the communicator
 //     plus its staging copies), fitted to the ring formula over a range of message sizes with relative
@@ -154,9 +155,13 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
   hw.peak_flops[DType::f64] = cal::gemm_flops_per_second(comm, DType::f64, o);
   hw.peak_flops[DType::i32] = hw.peak_flops[DType::f32];  // i32 ops are elementwise: memory bound anyway
   // 16 MiB per tensor, MLP-sized: bigger than the caches, small enough for the allocator to reuse.
-  const TensorType flat{{std::int64_t{1} << 22}}, wide{{1024, 4096}}, scalar{{}};
-  const Op add{OpKind::add, {0, 1}, {}, flat, ""};
-  hw.memory_bandwidth = cal::op_bandwidth(comm, add, {flat, flat}, o);
+  const TensorType flat{{std::int64_t{1} << 22}}, wide{{1024, 4096}}, tall{{4096, 1024}}, scalar{{}};
+  for (std::int64_t elements = std::int64_t{1} << 18; elements <= flat.elements(); elements *= 2) {
+    const TensorType t{{elements}};
+    const double bytes = 3.0 * static_cast<double>(t.bytes());
+    hw.cache_curve.emplace_back(bytes, cal::op_bandwidth(comm, Op{OpKind::add, {0, 1}, {}, t, ""}, {t, t}, o));
+  }
+  hw.memory_bandwidth = hw.cache_curve.back().second;
   Attrs to_flat;
   to_flat.shape = flat.shape;
   hw.op_bandwidth[OpKind::broadcast_in_dim] =
@@ -164,7 +169,7 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
   Attrs swap;
   swap.dims = {1, 0};
   hw.op_bandwidth[OpKind::transpose] =
-      cal::op_bandwidth(comm, Op{OpKind::transpose, {0}, swap, {{4096, 1024}}, ""}, {wide}, o);
+      cal::op_bandwidth(comm, Op{OpKind::transpose, {0}, swap, tall, ""}, {wide}, o);
   const TensorType one{{1}};
   hw.op_overhead = cal::op_seconds(comm, Op{OpKind::add, {0, 1}, {}, one, ""}, {one, one}, o, 1000);
   hw.memory_capacity = static_cast<std::int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / devices;

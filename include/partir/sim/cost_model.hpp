@@ -4,7 +4,8 @@
 //   sizes of its rule in the tile-mapping registry (dot_general: 2 x batch x M x N x K; reduce: the operand's
 //   elements; elementwise: the result's elements); layout ops move data and do no arithmetic. Bytes = the
 //   operands read plus the result written. Time = op_overhead + max(FLOPs / peak, bytes / bandwidth), the
-//   bandwidth of the op's kind where the profile has one (strided copies), else memory_bandwidth.
+//   bandwidth of the op's kind where the profile has one (strided copies), else memory_bandwidth, scaled by
+//   the profile's cache curve at this working set.
 //   Collectives: ring algorithms on a group of n devices, S = the larger of the local operand and result
 //   buffers, one alpha-beta link: all_gather, reduce_scatter and all_to_all (n-1)(alpha + beta S/n),
 //   all_reduce twice that; all_slice communicates nothing and is costed as the local copy it is.
@@ -47,7 +48,7 @@ inline Work local_work(const Op& op, std::span<const TensorType> in) {
 // The slower of the two roofline limits of an op of kind k decides; `compute_bound` tells which.
 inline double roofline_seconds(const Work& w, OpKind k, DType t, const HardwareProfile& hw, bool* compute_bound = nullptr) {
   const double compute = w.flops > 0 ? w.flops / hw.flops_per_second(t) : 0;
-  const double bandwidth = hw.bandwidth(k);
+  const double bandwidth = hw.bandwidth(k, w.bytes);
   const double memory = bandwidth > 0 ? w.bytes / bandwidth : 0;
   if (compute_bound) *compute_bound = compute >= memory;
   return hw.op_overhead + std::max(compute, memory);

@@ -5,6 +5,7 @@
 // the most specific matching rule winning. Profiles are values: built in (this CPU class, A100/H100/H200
 // NVLink from public specs), calibrated on the real machine (sim/calibrate.hpp), saved and loaded as JSON.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -53,6 +54,10 @@ struct HardwareProfile {
   // Op kinds whose kernels move bytes at another rate than streaming elementwise ops (strided copies such
   // as transpose and broadcast_in_dim): bytes/s, by op kind.
   std::map<OpKind, double> op_bandwidth;
+  // Caches: streaming bandwidth by an op's working set (bytes read plus written), as {bytes, bytes/s} points
+  // in increasing bytes, the last one memory_bandwidth's. Between points the rate is interpolated in
+  // log(bytes); outside them it is the nearest point's. Empty: memory_bandwidth whatever the size.
+  std::vector<std::pair<double, double>> cache_curve;
   double op_overhead = 0;              // seconds per local op: dispatch, allocation, kernel launch
   std::int64_t memory_capacity = 0;    // bytes per device, 0 if unknown
   std::vector<LinkRule> links;
@@ -64,9 +69,24 @@ struct HardwareProfile {
     return it->second;
   }
 
-  double bandwidth(OpKind k) const {
+  // Bytes/s of an op of kind k moving `bytes`: the kind's rate for large operands, sped up as much as the
+  // cache curve speeds up streaming at this working set.
+  double bandwidth(OpKind k, double bytes) const {
     auto it = op_bandwidth.find(k);
-    return it != op_bandwidth.end() ? it->second : memory_bandwidth;
+    const double large = it != op_bandwidth.end() ? it->second : memory_bandwidth;
+    return cache_curve.empty() ? large : large * streaming(bytes) / cache_curve.back().second;
+  }
+
+  // The cache curve at `bytes`.
+  double streaming(double bytes) const {
+    const auto& c = cache_curve;
+    if (bytes <= c.front().first) return c.front().second;
+    for (std::size_t i = 1; i < c.size(); ++i)
+      if (bytes <= c[i].first) {
+        const double f = std::log(bytes / c[i - 1].first) / std::log(c[i].first / c[i - 1].first);
+        return c[i - 1].second + f * (c[i].second - c[i - 1].second);
+      }
+    return c.back().second;
   }
 
   // The link a collective over `axes` (a group of `group_size` devices) uses. Specificity: a named axis
@@ -106,7 +126,10 @@ struct HardwareProfile {
     out.set("name", name).set("source", source).set("peak_flops", std::move(flops));
     json::Value per_op = json::object();
     for (const auto& [k, b] : op_bandwidth) per_op.set(std::string(name_of(k)), b);
-    out.set("memory_bandwidth", memory_bandwidth).set("op_bandwidth", std::move(per_op)).set("op_overhead", op_overhead);
+    json::Value curve = json::array();
+    for (const auto& [bytes, rate] : cache_curve) curve.push(json::array().push(bytes).push(rate));
+    out.set("memory_bandwidth", memory_bandwidth).set("op_bandwidth", std::move(per_op));
+    out.set("cache_curve", std::move(curve)).set("op_overhead", op_overhead);
     out.set("memory_capacity", memory_capacity).set("links", std::move(rules));
     return out;
   }
@@ -119,6 +142,13 @@ struct HardwareProfile {
     p.memory_bandwidth = v.at("memory_bandwidth").number();
     if (auto* per_op = v.find("op_bandwidth"))
       for (const auto& [k, b] : per_op->object()) p.op_bandwidth[parse_op_kind(k)] = b.number();
+    if (auto* curve = v.find("cache_curve"))
+      for (const auto& point : curve->array()) {
+        if (point.array().size() != 2) user_error("cache_curve: each point is [bytes, bytes per second]");
+        p.cache_curve.emplace_back(point.array()[0].number(), point.array()[1].number());
+      }
+    for (std::size_t i = 1; i < p.cache_curve.size(); ++i)
+      if (p.cache_curve[i].first <= p.cache_curve[i - 1].first) user_error("cache_curve: bytes must increase");
     if (auto* o = v.find("op_overhead")) p.op_overhead = o->number();
     if (auto* m = v.find("memory_capacity")) p.memory_capacity = m->integer();
     for (const auto& r : v.at("links").array()) {
