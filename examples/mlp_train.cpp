@@ -21,11 +21,11 @@ namespace p = partir;
 int main(int argc, char** argv) {
   cli::Args args(argc, argv, "usage: mlp_train [flags]\nTrains an MLP on a synthetic regression task with partir.");
   const long steps = args.get_int("steps", 200, "training steps");
-  const long batch = args.get_int("batch", 64, "examples per step (global)");
+  const long batch = args.get_int("batch", 256, "examples per step (global)");
   const long hidden = args.get_int("hidden", 128, "hidden layer width");
   const long features = args.get_int("features", 16, "input and output features");
   const long seed = args.get_int("seed", 0, "seed of parameters and data");
-  const double lr = args.get_double("lr", 3e-3, "Adam learning rate");
+  const double lr = args.get_double("lr", 1e-2, "Adam learning rate");
   const std::string mesh_text = args.get("mesh", "batch=1", "device mesh, axes major to minor");
   const std::string schedule_text = args.get("schedule", "none", "tactics in order: bp, mp, z2, z3 (comma-separated)");
   const std::string backend = args.get("backend", "threads", "threads (one process) or mpi (under mpirun)");
