@@ -8,9 +8,6 @@
 //   build/examples/gpt_infer --mesh batch=2,model=2 --schedule mq --train-schedule bp,mq
 //   mpirun -np 2 build/examples/gpt_infer --backend mpi
 #include <partir/partir.hpp>
-#ifdef PARTIR_EXAMPLES_MPI
-#include <partir/runtime/mpi.hpp>
-#endif
 
 #include "cli.hpp"
 #include "gpt_common.hpp"
@@ -138,19 +135,7 @@ int main(int argc, char** argv) {
       std::cout << "report written to " << report_file << std::endl;
     };
 
-    if (backend == "threads") {
-      p::threads::run(static_cast<int>(mesh.num_devices()), [&](p::threads::Communicator& c) { run(c); });
-    } else if (backend == "mpi") {
-#ifdef PARTIR_EXAMPLES_MPI
-      p::mpi::Session session(argc, argv);
-      p::mpi::Communicator c;
-      run(c);
-#else
-      p::user_error("--backend mpi: this build has no MPI (configure with -Dmpi=enabled)");
-#endif
-    } else {
-      p::user_error("--backend: expected threads or mpi, got '" + backend + "'");
-    }
+    examples::run_on_backend(backend, mesh.num_devices(), argc, argv, run);
   } catch (const p::UserError& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

@@ -7,9 +7,6 @@
 //   build/examples/gpt_train --mesh batch=2,model=2 --schedule bp,mp,z3,emb
 //   mpirun -np 4 build/examples/gpt_train --backend mpi --mesh batch=2,model=2 --schedule bp,mp,z3
 #include <partir/partir.hpp>
-#ifdef PARTIR_EXAMPLES_MPI
-#include <partir/runtime/mpi.hpp>
-#endif
 
 #include "cli.hpp"
 #include "gpt_common.hpp"
@@ -74,19 +71,7 @@ int main(int argc, char** argv) {
                 << gpt::printable(generated) << std::endl;
     };
 
-    if (backend == "threads") {
-      p::threads::run(static_cast<int>(mesh.num_devices()), [&](p::threads::Communicator& c) { run(c); });
-    } else if (backend == "mpi") {
-#ifdef PARTIR_EXAMPLES_MPI
-      p::mpi::Session session(argc, argv);
-      p::mpi::Communicator c;
-      run(c);
-#else
-      p::user_error("--backend mpi: this build has no MPI (configure with -Dmpi=enabled)");
-#endif
-    } else {
-      p::user_error("--backend: expected threads or mpi, got '" + backend + "'");
-    }
+    examples::run_on_backend(backend, mesh.num_devices(), argc, argv, run);
   } catch (const p::UserError& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

@@ -6,9 +6,6 @@
 //   build/examples/mlp_train --mesh batch=2,model=2 --schedule bp,mp
 //   mpirun -np 4 build/examples/mlp_train --backend mpi --mesh batch=2,model=2 --schedule bp,mp
 #include <partir/partir.hpp>
-#ifdef PARTIR_EXAMPLES_MPI
-#include <partir/runtime/mpi.hpp>
-#endif
 
 #include <cmath>
 #include <random>
@@ -63,20 +60,8 @@ int main(int argc, char** argv) {
                                   "mlp_train mesh " + mesh.to_string() + " schedule " + schedule_text + " backend " + backend};
     if (!report.empty() && report != "json") p::user_error("--report: expected 'json', got '" + report + "'");
 
-    if (backend == "threads") {
-      p::threads::run(static_cast<int>(mesh.num_devices()),
-                      [&](p::threads::Communicator& c) { examples::train(c, step, spmd, next_batch, options); });
-    } else if (backend == "mpi") {
-#ifdef PARTIR_EXAMPLES_MPI
-      p::mpi::Session session(argc, argv);
-      p::mpi::Communicator c;
-      examples::train(c, step, spmd, next_batch, options);
-#else
-      p::user_error("--backend mpi: this build has no MPI (configure with -Dmpi=enabled)");
-#endif
-    } else {
-      p::user_error("--backend: expected threads or mpi, got '" + backend + "'");
-    }
+    examples::run_on_backend(backend, mesh.num_devices(), argc, argv,
+                             [&](auto& c) { examples::train(c, step, spmd, next_batch, options); });
   } catch (const p::UserError& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

@@ -3,6 +3,9 @@
 // own communicator, holds only its shards of the parameters and optimizer state, feeds its piece of each
 // global batch, and carries the updated shards to the next step. Device 0 prints and writes the report.
 #include <partir/partir.hpp>
+#ifdef PARTIR_EXAMPLES_MPI
+#include <partir/runtime/mpi.hpp>
+#endif
 
 #include <chrono>
 #include <fstream>
@@ -99,6 +102,26 @@ Trained train(C& comm, const p::Program& step, const p::SpmdProgram& spmd, const
     }
   }
   return {loss, std::move(state)};
+}
+
+// Runs fn(communicator) on every device of the chosen backend: `devices` threads of this process, or this
+// MPI rank (under mpirun, one rank per device).
+template <class Fn>
+void run_on_backend(const std::string& backend, std::int64_t devices, int& argc, char**& argv, Fn&& fn) {
+  if (backend == "threads") {
+    p::threads::run(static_cast<int>(devices), [&](p::threads::Communicator& c) { fn(c); });
+  } else if (backend == "mpi") {
+#ifdef PARTIR_EXAMPLES_MPI
+    p::mpi::Session session(argc, argv);
+    p::mpi::Communicator c;
+    fn(c);
+#else
+    (void)argc, (void)argv;
+    p::user_error("--backend mpi: this build has no MPI (configure with -Dmpi=enabled)");
+#endif
+  } else {
+    p::user_error("--backend: expected threads or mpi, got '" + backend + "'");
+  }
 }
 
 }  // namespace examples
