@@ -1,0 +1,428 @@
+#pragma once
+// Runs one device's share of an SpmdProgram on its GPU: the inputs are copied to device buffers from the
+// caching pool, every op runs as a CUDA kernel or a cuBLAS call, every collective through NCCL, all in
+// order on the communicator's stream; buffers go back to the pool at their last use, and the outputs are
+// copied back to host Arrays. Same inputs, outputs and options as the CPU executor (runtime/executor.hpp),
+// so `partir::execute(spmd, nccl_communicator, inputs)` picks this one.
+//
+// Link a program that includes this header with the kernels (one .cu file that includes
+// gpu/kernels.cuh, compiled by nvcc), cuBLAS, NCCL and the CUDA runtime.
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+
+#include "partir/runtime/executor.hpp"
+#include "partir/runtime/gpu/device_pool.hpp"
+#include "partir/runtime/gpu/gemm.hpp"
+#include "partir/runtime/gpu/launch.hpp"
+#include "partir/runtime/nccl.hpp"
+
+namespace partir::gpu {
+
+// Per thread and GPU: the pool, the cuBLAS handle and the device flag that gather/scatter_add raise on an
+// out-of-range index. Kept across runs so that steps after the first allocate nothing.
+struct Context {
+  DevicePool pool;
+  cublasHandle_t blas = nullptr;
+  int* bad_index = nullptr;
+  const SpmdProgram* reserved_for = nullptr;  // the program whose liveness plan the pool was last sized by
+
+  Context() {
+    check_cublas(cublasCreate(&blas), "cublasCreate");
+    check_cuda(cudaMalloc(reinterpret_cast<void**>(&bad_index), sizeof(int)), "cudaMalloc");
+  }
+  ~Context() {  // at thread or process exit; the runtime may already be shutting down, so errors are ignored
+    if (blas) cublasDestroy(blas);
+    if (bad_index) cudaFree(bad_index);
+  }
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+};
+
+inline Context& context(int gpu) {
+  thread_local std::map<int, std::unique_ptr<Context>> contexts;
+  auto& c = contexts[gpu];
+  if (!c) c = std::make_unique<Context>();
+  return *c;
+}
+
+// A value in device memory (a pool block), row-major.
+struct Buffer {
+  TensorType type;
+  void* data = nullptr;
+};
+
+namespace detail {
+
+// Copies tile q of `tiles` along `dim` of `shape` to be the q-th contiguous block (pack), or back (unpack).
+inline void move_tiles(const Shape& shape, std::int64_t dim, std::int64_t tiles, bool to_blocks, const void* src, void* dst,
+                       DType t, cudaStream_t stream) {
+  const auto s = layout::split(shape, dim, 1);
+  const std::int64_t chunk = s.n / tiles * s.inner;
+  const kernels::Strides laid_out{chunk, s.n * s.inner, 1}, blocks{s.outer * chunk, chunk, 1};
+  copy_view({tiles, s.outer, chunk}, to_blocks ? laid_out : blocks, to_blocks ? blocks : laid_out, src, dst, t, stream);
+}
+
+class Runner {
+ public:
+  Runner(const SpmdProgram& p, nccl::Communicator& comm, Context& ctx)
+      : p_(p), mesh_(p.mesh()), comm_(comm), ctx_(ctx), stream_(comm.stream()) {}
+
+  Buffer take(const TensorType& type) { return {type, ctx_.pool.take(type.bytes())}; }
+  void give(Buffer& b) {
+    ctx_.pool.give(b.data, b.type.bytes());
+    b.data = nullptr;
+  }
+
+  Buffer upload(const Array& a) {
+    Buffer b = take(a.type());
+    // From pageable memory the copy is staged before the call returns, so `a` may go away afterwards.
+    if (a.bytes() > 0)
+      check_cuda(cudaMemcpyAsync(b.data, layout::bytes(a), static_cast<std::size_t>(a.bytes()), cudaMemcpyHostToDevice, stream_),
+                 "cudaMemcpyAsync (upload)");
+    return b;
+  }
+
+  // Enqueues the copy to host; valid after the stream is synchronized.
+  Array download(const Buffer& b) {
+    Array a(b.type);
+    if (a.bytes() > 0)
+      check_cuda(cudaMemcpyAsync(layout::bytes(a), b.data, static_cast<std::size_t>(a.bytes()), cudaMemcpyDeviceToHost, stream_),
+                 "cudaMemcpyAsync (download)");
+    return a;
+  }
+
+  Buffer collective(const Collective& c, const Buffer& in, const TensorType& result) {
+    const std::int64_t device = comm_.device();
+    const Group group = partir::detail::group_of(mesh_, device, c.axes);
+    const std::int64_t k = group.size();
+    const DType t = in.type.dtype;
+    Buffer out = take(result);
+    switch (c.kind) {
+      case CollectiveKind::all_slice: {
+        const auto s = layout::split(in.type.shape, c.dim, 1);
+        const std::int64_t chunk = s.n / k * s.inner, index = mesh_.position(device, c.axes);
+        copy_view({s.outer, chunk}, {s.n * s.inner, 1}, {chunk, 1}, static_cast<const std::byte*>(in.data) + index * chunk * size_of(t),
+                  out.data, t, stream_);
+        return out;
+      }
+      case CollectiveKind::all_reduce:
+        check_cuda(cudaMemcpyAsync(out.data, in.data, static_cast<std::size_t>(in.type.bytes()), cudaMemcpyDeviceToDevice, stream_),
+                   "cudaMemcpyAsync");
+        comm_.all_reduce(group, out.data, result.elements(), t);
+        return out;
+      case CollectiveKind::all_gather: {
+        // Tiles of the leading dims are already contiguous blocks: gather straight into the result.
+        if (layout::split(result.shape, c.dim, 1).outer == 1) {
+          comm_.all_gather(group, in.data, out.data, in.type.elements(), t);
+          return out;
+        }
+        Buffer blocks = take(result);
+        comm_.all_gather(group, in.data, blocks.data, in.type.elements(), t);
+        move_tiles(result.shape, c.dim, k, false, blocks.data, out.data, t, stream_);
+        give(blocks);
+        return out;
+      }
+      case CollectiveKind::reduce_scatter: {
+        if (layout::split(in.type.shape, c.dim, 1).outer == 1) {
+          comm_.reduce_scatter(group, in.data, out.data, result.elements(), t);
+          return out;
+        }
+        Buffer packed = take(in.type);
+        move_tiles(in.type.shape, c.dim, k, true, in.data, packed.data, t, stream_);
+        comm_.reduce_scatter(group, packed.data, out.data, result.elements(), t);
+        give(packed);
+        return out;
+      }
+      case CollectiveKind::all_to_all: {
+        Buffer sent = take(in.type), received = take(in.type);
+        move_tiles(in.type.shape, c.to_dim, k, true, in.data, sent.data, t, stream_);
+        comm_.all_to_all(group, sent.data, received.data, in.type.elements() / k, t);
+        move_tiles(result.shape, c.dim, k, false, received.data, out.data, t, stream_);
+        give(sent);
+        give(received);
+        return out;
+      }
+    }
+    internal_error("gpu executor: unknown collective");
+  }
+
+  // One local op; first_row >= 0 for a gather / scatter_add whose table rows are tiled (rows outside this
+  // device's block contribute zeros).
+  Buffer eval(const Op& op, const std::vector<const Buffer*>& in, std::int64_t first_row) {
+    using K = OpKind;
+    Buffer out = take(op.type);
+    const std::int64_t n = op.type.elements();
+    const auto& a = op.attrs;
+    auto float_only = [&](DType t) {
+      if (t == DType::i32)
+        user_error(std::string(name_of(op.kind)) + ": i32 operands are not supported, convert them to f32 or f64 first");
+    };
+    const Buffer* x = in.empty() ? nullptr : in[0];
+    switch (op.kind) {
+      case K::input: case K::count_:
+        internal_error("gpu executor: no kernel for " + std::string(name_of(op.kind)));
+      case K::constant:
+        if (a.literal.size() == 1) {
+          launch::fill(op.type.dtype, a.literal[0], out.data, n, stream_);
+        } else {
+          Array host(op.type);
+          for (std::int64_t i = 0; i < n; ++i) host.set(i, a.literal[static_cast<std::size_t>(i)]);
+          give(out);
+          out = upload(host);
+        }
+        break;
+      case K::neg: case K::exp: case K::log: case K::tanh: case K::rsqrt: case K::sqrt: case K::abs:
+        float_only(x->type.dtype);
+        launch::unary(op.kind, x->type.dtype, x->data, out.data, n, stream_);
+        break;
+      case K::add: case K::sub: case K::mul: case K::div: case K::max: case K::min: case K::pow:
+        float_only(x->type.dtype);
+        launch::binary(op.kind, x->type.dtype, x->data, in[1]->data, out.data, n, stream_);
+        break;
+      case K::compare:
+        launch::compare(a.cmp, x->type.dtype, x->data, in[1]->data, out.data, n, stream_);
+        break;
+      case K::select:
+        launch::select(x->type.dtype, op.type.dtype, x->data, in[1]->data, in[2]->data, out.data, n, stream_);
+        break;
+      case K::convert:
+        launch::convert(x->type.dtype, op.type.dtype, x->data, out.data, n, stream_);
+        break;
+      case K::dot_general:
+        gpu::dot_general(ctx_.blas, x->type.shape, x->data, in[1]->type.shape, in[1]->data, a.dot, x->type.dtype, out.data,
+                         ctx_.pool, stream_);
+        break;
+      case K::reduce_sum: case K::reduce_max:
+        reduce(op.kind == K::reduce_max, *x, a.dims, out);
+        break;
+      case K::broadcast_in_dim: {
+        const auto xs = kernels::row_major_strides(x->type.shape);
+        kernels::Strides src(a.shape.size(), 0);  // new dims and expanded size-1 dims re-read the same elements
+        for (std::size_t i = 0; i < a.dims.size(); ++i)
+          if (x->type.shape[i] != 1) src[static_cast<std::size_t>(a.dims[i])] = xs[i];
+        copy_view(a.shape, src, kernels::row_major_strides(a.shape), x->data, out.data, op.type.dtype, stream_);
+        break;
+      }
+      case K::reshape:
+        if (n > 0)
+          check_cuda(cudaMemcpyAsync(out.data, x->data, static_cast<std::size_t>(op.type.bytes()), cudaMemcpyDeviceToDevice, stream_),
+                     "cudaMemcpyAsync");
+        break;
+      case K::transpose: {
+        const auto xs = kernels::row_major_strides(x->type.shape);
+        kernels::Strides src;
+        for (auto d : a.dims) src.push_back(xs[static_cast<std::size_t>(d)]);
+        copy_view(op.type.shape, src, kernels::row_major_strides(op.type.shape), x->data, out.data, op.type.dtype, stream_);
+        break;
+      }
+      case K::slice: {
+        const auto xs = kernels::row_major_strides(x->type.shape);
+        std::int64_t start = 0;
+        for (std::size_t d = 0; d < xs.size(); ++d) start += a.lo[d] * xs[d];
+        copy_view(op.type.shape, xs, kernels::row_major_strides(op.type.shape),
+                  static_cast<const std::byte*>(x->data) + start * size_of(op.type.dtype), out.data, op.type.dtype, stream_);
+        break;
+      }
+      case K::pad: {
+        check_cuda(cudaMemsetAsync(out.data, 0, static_cast<std::size_t>(op.type.bytes()), stream_), "cudaMemsetAsync");
+        const auto os = kernels::row_major_strides(op.type.shape);
+        std::int64_t start = 0;
+        for (std::size_t d = 0; d < os.size(); ++d) start += a.lo[d] * os[d];
+        copy_view(x->type.shape, kernels::row_major_strides(x->type.shape), os, x->data,
+                  static_cast<std::byte*>(out.data) + start * size_of(op.type.dtype), op.type.dtype, stream_);
+        break;
+      }
+      case K::concatenate: {
+        const auto os = kernels::row_major_strides(op.type.shape);
+        std::int64_t at = 0;
+        for (const Buffer* part : in) {
+          copy_view(part->type.shape, kernels::row_major_strides(part->type.shape), os, part->data,
+                    static_cast<std::byte*>(out.data) + at * os[static_cast<std::size_t>(a.axis)] * size_of(op.type.dtype),
+                    op.type.dtype, stream_);
+          at += part->type.shape[static_cast<std::size_t>(a.axis)];
+        }
+        break;
+      }
+      case K::gather: {  // table [V, F...], indices [I...] -> [I..., F...]
+        const std::int64_t rows = x->type.shape.at(0), row = rows ? x->type.elements() / rows : 0;
+        launch::gather(op.type.dtype, x->data, static_cast<const std::int32_t*>(in[1]->data), out.data,
+                       in[1]->type.elements(), rows, row, std::max<std::int64_t>(first_row, 0), first_row >= 0,
+                       ctx_.bad_index, stream_);
+        break;
+      }
+      case K::scatter_add: {  // indices [I...], updates [I..., F...] -> [V, F...]
+        check_cuda(cudaMemsetAsync(out.data, 0, static_cast<std::size_t>(op.type.bytes()), stream_), "cudaMemsetAsync");
+        const std::int64_t rows = op.type.shape.at(0), row = rows ? n / rows : 0;
+        launch::scatter_add(op.type.dtype, static_cast<const std::int32_t*>(x->data), in[1]->data, out.data,
+                            x->type.elements(), rows, row, std::max<std::int64_t>(first_row, 0), first_row >= 0,
+                            ctx_.bad_index, stream_);
+        break;
+      }
+    }
+    return out;
+  }
+
+ private:
+  void reduce(bool take_max, const Buffer& x, const std::vector<std::int64_t>& dims, Buffer& out) {
+    const auto xs = kernels::row_major_strides(x.type.shape);
+    ReduceShape s;
+    for (std::size_t d = 0; d < x.type.shape.size(); ++d) {
+      const bool reduced = std::find(dims.begin(), dims.end(), static_cast<std::int64_t>(d)) != dims.end();
+      int& rank = reduced ? s.reduced_rank : s.kept_rank;
+      if (rank == max_rank)
+        user_error(std::string(take_max ? "reduce_max" : "reduce_sum") + ": rank " + std::to_string(x.type.shape.size()) +
+                   " exceeds the GPU kernels' limit of " + std::to_string(max_rank) + " dims per side");
+      (reduced ? s.reduced : s.kept)[rank] = x.type.shape[d];
+      (reduced ? s.reduced_stride : s.kept_stride)[rank] = xs[d];
+      (reduced ? s.count : s.outputs) *= x.type.shape[d];
+      ++rank;
+    }
+    launch::reduce(take_max, x.type.dtype, s, x.data, out.data, stream_);
+  }
+
+  const SpmdProgram& p_;
+  const Mesh& mesh_;
+  nccl::Communicator& comm_;
+  Context& ctx_;
+  cudaStream_t stream_;
+};
+
+}  // namespace detail
+
+inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, const NamedArrays& inputs,
+                            ExecuteOptions options = {}) {
+  const Mesh& mesh = p.mesh();
+  const std::string where = "execute " + p.name() + " (gpu, device " + std::to_string(comm.device()) + ")";
+  if (mesh.num_devices() != comm.num_devices())
+    user_error(where + ": mesh " + mesh.to_string() + " has " + std::to_string(mesh.num_devices()) +
+               " devices but the communicator has " + std::to_string(comm.num_devices()));
+  for (const auto& [name, array] : inputs) {
+    bool known = false;
+    for (const auto& b : p.inputs()) known |= b.name == name;
+    if (!known) user_error(where + ": no input named '" + name + "'");
+  }
+  check_cuda(cudaSetDevice(comm.gpu()), "cudaSetDevice");
+  Context& ctx = context(comm.gpu());
+  if (ctx.reserved_for != &p) {  // first run of this program here: size the pool by its liveness plan
+    ctx.pool.reserve(plan_pool(p).blocks);
+    ctx.reserved_for = &p;
+  }
+  const cudaStream_t stream = comm.stream();
+  check_cuda(cudaMemsetAsync(ctx.bad_index, 0, sizeof(int), stream), "cudaMemsetAsync");
+  detail::Runner run(p, comm, ctx);
+
+  const auto n = static_cast<std::size_t>(p.size());
+  std::vector<Buffer> values(n);
+  DeviceResult result;
+  std::int64_t resident = 0;
+  for (const auto& b : p.inputs()) {
+    auto it = inputs.find(b.name);
+    if (it == inputs.end()) user_error(where + ": missing input '" + b.name + "'");
+    const TensorType& expect = options.global_inputs ? b.global : p.type(b.value);
+    if (it->second.type() != expect)
+      user_error(where + ": input '" + b.name + "' expects " + to_string(expect) +
+                 (options.global_inputs ? "" : " (local piece)") + ", got " + to_string(it->second.type()));
+    auto& slot = values[static_cast<std::size_t>(b.value)];
+    if (slot.data) continue;  // the same value bound twice
+    slot = options.global_inputs ? run.upload(layout::shard(it->second, b.sharding, mesh, comm.device()))
+                                 : run.upload(it->second);
+    resident += p.type(b.value).bytes();
+  }
+  std::int64_t peak = resident;
+  const auto frees = p.last_uses();
+  std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timed;  // around each collective, read after the run
+  std::vector<const Buffer*> operands;
+  for (ValueId v = 0; v < p.size(); ++v) {
+    const SpmdOp& s = p.op(v);
+    auto& slot = values[static_cast<std::size_t>(v)];
+    if (s.op.kind == OpKind::input && !s.collective) {
+      if (!slot.data && s.op.type.bytes() > 0) internal_error(where + ": input %" + std::to_string(v) + " has no binding");
+    } else {
+      operands.clear();
+      for (auto o : s.op.operands) operands.push_back(&values[static_cast<std::size_t>(o)]);
+      try {
+        if (s.collective) {
+          cudaEvent_t start = nullptr, stop = nullptr;
+          check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+          check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+          check_cuda(cudaEventRecord(start, stream), "cudaEventRecord");
+          slot = run.collective(*s.collective, *operands[0], s.op.type);
+          check_cuda(cudaEventRecord(stop, stream), "cudaEventRecord");
+          timed.emplace_back(start, stop);
+        } else if (!s.row_shard.empty()) {
+          const auto rows = (s.op.kind == OpKind::gather ? operands[0]->type.shape : s.op.type.shape).at(0);
+          slot = run.eval(s.op, operands, mesh.position(comm.device(), s.row_shard) * rows);
+        } else {
+          slot = run.eval(s.op, operands, -1);
+        }
+      } catch (const UserError& e) {
+        user_error(where + ": %" + std::to_string(v) + ": " + e.what());
+      }
+      resident += slot.type.bytes();
+      peak = std::max(peak, resident);
+    }
+    for (auto dead : frees[static_cast<std::size_t>(v)]) {
+      const bool is_input = p.op(dead).op.kind == OpKind::input && !p.op(dead).collective;
+      auto& buffer = values[static_cast<std::size_t>(dead)];
+      if (is_input || !buffer.data) continue;  // inputs stay resident, as in the CPU executor's accounting
+      resident -= buffer.type.bytes();
+      run.give(buffer);
+    }
+  }
+  result.peak_bytes = peak;
+
+  std::vector<Buffer> extra;  // buffers made for gathered outputs
+  std::vector<std::pair<std::string, Array>> downloads;
+  for (const auto& b : p.outputs()) {
+    Buffer piece = values[static_cast<std::size_t>(b.value)];
+    if (options.global_outputs) {
+      Shape shape = piece.type.shape;
+      if (!b.sharding.partial.empty()) {
+        piece = run.collective({CollectiveKind::all_reduce, b.sharding.partial}, piece, piece.type);
+        extra.push_back(piece);
+      }
+      for (std::size_t d = 0; d < b.sharding.dims.size(); ++d) {
+        if (b.sharding.dims[d].empty()) continue;
+        shape[d] = b.global.shape[d];
+        piece = run.collective({CollectiveKind::all_gather, b.sharding.dims[d], static_cast<std::int64_t>(d)}, piece,
+                               TensorType{shape, piece.type.dtype});
+        extra.push_back(piece);
+      }
+    }
+    downloads.emplace_back(b.name, run.download(piece));
+  }
+  comm.synchronize();
+  int bad = 0;
+  check_cuda(cudaMemcpy(&bad, ctx.bad_index, sizeof(int), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  for (auto& [start, stop] : timed) {
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    result.collective_seconds.push_back(ms / 1e3);
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  for (auto& b : extra) run.give(b);
+  for (auto& b : values)
+    if (b.data) run.give(b);
+  if (bad)
+    user_error(where + ": a gather or scatter_add index is out of range of its table (found on the GPU; run on the CPU "
+               "backend to see which index)");
+  for (auto& [name, array] : downloads) result.outputs[name] = std::move(array);
+  return result;
+}
+
+}  // namespace partir::gpu
+
+namespace partir {
+
+// The NCCL backend runs programs on its GPU: preferred by overload resolution over the CPU executor's
+// template for any Communicator.
+inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, const NamedArrays& inputs,
+                            ExecuteOptions options = {}) {
+  return gpu::execute(p, comm, inputs, options);
+}
+
+}  // namespace partir

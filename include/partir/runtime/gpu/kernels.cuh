@@ -1,0 +1,325 @@
+#pragma once
+// CUDA kernels behind gpu/launch.hpp. Include this in exactly ONE .cu file of a program compiled by nvcc
+// (the definitions are not inline, so the host compiler's translation units only see launch.hpp).
+// Each kernel takes the op kind as a run-time switch rather than a template parameter: a few instantiations
+// per dtype keep nvcc's compile time small, and the switch costs nothing next to memory traffic.
+#include <cuda_runtime.h>
+
+#include <cfloat>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "partir/runtime/gpu/launch.hpp"
+
+namespace partir::gpu {
+namespace device {
+
+constexpr int threads = 256;
+
+inline unsigned blocks_for(std::int64_t n) {
+  const std::int64_t b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 65535 * 32 ? (b < 1 ? 1 : b) : 65535 * 32);  // grid-stride loops cover the rest
+}
+
+inline void check_launch(const char* kernel) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    user_error(std::string("cuda: launching ") + kernel + " failed: " + cudaGetErrorName(e) + " (" +
+               cudaGetErrorString(e) + ")");
+}
+
+#define PARTIR_GRID_LOOP(i, n) \
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<std::int64_t>(blockDim.x) * gridDim.x)
+
+template <class T> __device__ T rsqrt_of(T x) { return T(1) / sqrt(x); }
+
+template <class T>
+__global__ void unary_kernel(OpKind kind, const T* x, T* out, std::int64_t n) {
+  PARTIR_GRID_LOOP(i, n) {
+    const T a = x[i];
+    T r;
+    switch (kind) {
+      case OpKind::neg: r = -a; break;
+      case OpKind::exp: r = exp(a); break;
+      case OpKind::log: r = log(a); break;
+      case OpKind::tanh: r = tanh(a); break;
+      case OpKind::rsqrt: r = rsqrt_of(a); break;
+      case OpKind::sqrt: r = sqrt(a); break;
+      case OpKind::abs: r = fabs(a); break;
+      default: r = a; break;
+    }
+    out[i] = r;
+  }
+}
+
+template <class T>
+__global__ void binary_kernel(OpKind kind, const T* x, const T* y, T* out, std::int64_t n) {
+  PARTIR_GRID_LOOP(i, n) {
+    const T a = x[i], b = y[i];
+    T r;
+    switch (kind) {
+      case OpKind::add: r = a + b; break;
+      case OpKind::sub: r = a - b; break;
+      case OpKind::mul: r = a * b; break;
+      case OpKind::div: r = a / b; break;
+      case OpKind::max: r = a > b ? a : b; break;  // NaN operands: may differ from Eigen's choice
+      case OpKind::min: r = a < b ? a : b; break;
+      case OpKind::pow: r = pow(a, b); break;
+      default: r = a; break;
+    }
+    out[i] = r;
+  }
+}
+
+template <class T>
+__global__ void compare_kernel(CompareDir dir, const T* x, const T* y, T* out, std::int64_t n) {
+  PARTIR_GRID_LOOP(i, n) {
+    const T a = x[i], b = y[i];
+    bool r = false;
+    switch (dir) {
+      case CompareDir::eq: r = a == b; break;
+      case CompareDir::ne: r = a != b; break;
+      case CompareDir::lt: r = a < b; break;
+      case CompareDir::le: r = a <= b; break;
+      case CompareDir::gt: r = a > b; break;
+      case CompareDir::ge: r = a >= b; break;
+    }
+    out[i] = r ? T(1) : T(0);
+  }
+}
+
+template <class M, class T>
+__global__ void select_kernel(const M* m, const T* a, const T* b, T* out, std::int64_t n) {
+  PARTIR_GRID_LOOP(i, n) out[i] = m[i] != M(0) ? a[i] : b[i];
+}
+
+template <class From, class To>
+__global__ void convert_kernel(const From* x, To* out, std::int64_t n) {
+  PARTIR_GRID_LOOP(i, n) out[i] = static_cast<To>(x[i]);
+}
+
+template <class T>
+__global__ void fill_kernel(T value, T* out, std::int64_t n) {
+  PARTIR_GRID_LOOP(i, n) out[i] = value;
+}
+
+template <class E>
+__global__ void strided_copy_kernel(StridedShape s, std::int64_t n, const E* src, E* dst) {
+  PARTIR_GRID_LOOP(i, n) {
+    std::int64_t rest = i, from = 0, to = 0;
+    for (int d = s.rank - 1; d >= 0; --d) {
+      const std::int64_t index = rest % s.shape[d];
+      rest /= s.shape[d];
+      from += index * s.src[d];
+      to += index * s.dst[d];
+    }
+    dst[to] = src[from];
+  }
+}
+
+template <class T> __device__ T lowest();
+template <> __device__ float lowest<float>() { return -INFINITY; }
+template <> __device__ double lowest<double>() { return -INFINITY; }
+template <> __device__ std::int32_t lowest<std::int32_t>() { return INT_MIN; }
+
+// One block per output element: its threads walk the reduced elements in a fixed order and combine their
+// partial results in a fixed tree, so a result depends on the data only (no atomics).
+template <class T, bool take_max>
+__global__ void reduce_kernel(ReduceShape s, const T* x, T* out) {
+  __shared__ T partial[threads];
+  for (std::int64_t o = blockIdx.x; o < s.outputs; o += gridDim.x) {
+    std::int64_t rest = o, base = 0;
+    for (int d = s.kept_rank - 1; d >= 0; --d) {
+      base += (rest % s.kept[d]) * s.kept_stride[d];
+      rest /= s.kept[d];
+    }
+    T acc = take_max ? lowest<T>() : T(0);
+    for (std::int64_t j = threadIdx.x; j < s.count; j += blockDim.x) {
+      std::int64_t r = j, at = base;
+      for (int d = s.reduced_rank - 1; d >= 0; --d) {
+        at += (r % s.reduced[d]) * s.reduced_stride[d];
+        r /= s.reduced[d];
+      }
+      const T v = x[at];
+      acc = take_max ? (v > acc ? v : acc) : acc + v;
+    }
+    partial[threadIdx.x] = acc;
+    __syncthreads();
+    for (int width = blockDim.x / 2; width > 0; width /= 2) {
+      if (static_cast<int>(threadIdx.x) < width) {
+        const T a = partial[threadIdx.x], b = partial[threadIdx.x + width];
+        partial[threadIdx.x] = take_max ? (b > a ? b : a) : a + b;
+      }
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) out[o] = partial[0];
+    __syncthreads();
+  }
+}
+
+template <class T>
+__global__ void gather_kernel(const T* table, const std::int32_t* indices, T* out, std::int64_t n, std::int64_t rows,
+                              std::int64_t row, std::int64_t first_row, bool sharded, int* bad) {
+  PARTIR_GRID_LOOP(k, n * row) {
+    const std::int64_t i = k / row, e = k % row;
+    const std::int64_t r = indices[i] - first_row;
+    if (r < 0 || r >= rows) {
+      if (!sharded) *bad = 1;
+      out[k] = T(0);
+    } else {
+      out[k] = table[r * row + e];
+    }
+  }
+}
+
+template <class T>
+__global__ void scatter_add_kernel(const std::int32_t* indices, const T* updates, T* out, std::int64_t n,
+                                   std::int64_t rows, std::int64_t row, std::int64_t first_row, bool sharded, int* bad) {
+  PARTIR_GRID_LOOP(k, n * row) {
+    const std::int64_t i = k / row, e = k % row;
+    const std::int64_t r = indices[i] - first_row;
+    if (r < 0 || r >= rows) {
+      if (!sharded) *bad = 1;
+    } else {
+      atomicAdd(out + r * row + e, updates[k]);
+    }
+  }
+}
+
+template <class F>
+void by_float(DType t, F&& f) {
+  if (t == DType::f32) f(float{});
+  else if (t == DType::f64) f(double{});
+  else user_error("gpu kernels: i32 operands are not supported for this op, convert them to f32 or f64 first");
+}
+
+template <class F>
+void by_type(DType t, F&& f) {
+  if (t == DType::f32) f(float{});
+  else if (t == DType::f64) f(double{});
+  else f(std::int32_t{});
+}
+
+}  // namespace device
+
+namespace launch {
+
+void unary(OpKind kind, DType t, const void* x, void* out, std::int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  device::by_float(t, [&](auto z) {
+    using T = decltype(z);
+    device::unary_kernel<T><<<device::blocks_for(n), device::threads, 0, stream>>>(kind, static_cast<const T*>(x),
+                                                                                   static_cast<T*>(out), n);
+  });
+  device::check_launch("unary_kernel");
+}
+
+void binary(OpKind kind, DType t, const void* x, const void* y, void* out, std::int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  device::by_float(t, [&](auto z) {
+    using T = decltype(z);
+    device::binary_kernel<T><<<device::blocks_for(n), device::threads, 0, stream>>>(
+        kind, static_cast<const T*>(x), static_cast<const T*>(y), static_cast<T*>(out), n);
+  });
+  device::check_launch("binary_kernel");
+}
+
+void compare(CompareDir dir, DType t, const void* x, const void* y, void* out, std::int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  device::by_type(t, [&](auto z) {
+    using T = decltype(z);
+    device::compare_kernel<T><<<device::blocks_for(n), device::threads, 0, stream>>>(
+        dir, static_cast<const T*>(x), static_cast<const T*>(y), static_cast<T*>(out), n);
+  });
+  device::check_launch("compare_kernel");
+}
+
+void select(DType mask, DType t, const void* m, const void* on_true, const void* on_false, void* out, std::int64_t n,
+            cudaStream_t stream) {
+  if (n == 0) return;
+  device::by_type(mask, [&](auto zm) {
+    device::by_type(t, [&](auto z) {
+      using M = decltype(zm);
+      using T = decltype(z);
+      device::select_kernel<M, T><<<device::blocks_for(n), device::threads, 0, stream>>>(
+          static_cast<const M*>(m), static_cast<const T*>(on_true), static_cast<const T*>(on_false), static_cast<T*>(out), n);
+    });
+  });
+  device::check_launch("select_kernel");
+}
+
+void convert(DType from, DType to, const void* x, void* out, std::int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  device::by_type(from, [&](auto zf) {
+    device::by_type(to, [&](auto zt) {
+      using F = decltype(zf);
+      using T = decltype(zt);
+      device::convert_kernel<F, T><<<device::blocks_for(n), device::threads, 0, stream>>>(static_cast<const F*>(x),
+                                                                                          static_cast<T*>(out), n);
+    });
+  });
+  device::check_launch("convert_kernel");
+}
+
+void fill(DType t, double value, void* out, std::int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  device::by_type(t, [&](auto z) {
+    using T = decltype(z);
+    device::fill_kernel<T><<<device::blocks_for(n), device::threads, 0, stream>>>(static_cast<T>(value),
+                                                                                  static_cast<T*>(out), n);
+  });
+  device::check_launch("fill_kernel");
+}
+
+void strided_copy(int element_bytes, const StridedShape& s, const void* src, void* dst, cudaStream_t stream) {
+  std::int64_t n = 1;
+  for (int d = 0; d < s.rank; ++d) n *= s.shape[d];
+  if (n == 0) return;
+  if (element_bytes == 4)
+    device::strided_copy_kernel<std::uint32_t><<<device::blocks_for(n), device::threads, 0, stream>>>(
+        s, n, static_cast<const std::uint32_t*>(src), static_cast<std::uint32_t*>(dst));
+  else
+    device::strided_copy_kernel<std::uint64_t><<<device::blocks_for(n), device::threads, 0, stream>>>(
+        s, n, static_cast<const std::uint64_t*>(src), static_cast<std::uint64_t*>(dst));
+  device::check_launch("strided_copy_kernel");
+}
+
+void reduce(bool take_max, DType t, const ReduceShape& s, const void* x, void* out, cudaStream_t stream) {
+  if (s.outputs == 0) return;
+  const unsigned grid = static_cast<unsigned>(s.outputs < 65535 * 32 ? s.outputs : 65535 * 32);
+  device::by_type(t, [&](auto z) {
+    using T = decltype(z);
+    if (take_max)
+      device::reduce_kernel<T, true><<<grid, device::threads, 0, stream>>>(s, static_cast<const T*>(x), static_cast<T*>(out));
+    else
+      device::reduce_kernel<T, false><<<grid, device::threads, 0, stream>>>(s, static_cast<const T*>(x), static_cast<T*>(out));
+  });
+  device::check_launch("reduce_kernel");
+}
+
+void gather(DType t, const void* table, const std::int32_t* indices, void* out, std::int64_t n, std::int64_t rows,
+            std::int64_t row_elements, std::int64_t first_row, bool sharded, int* bad_index, cudaStream_t stream) {
+  if (n * row_elements == 0) return;
+  device::by_type(t, [&](auto z) {
+    using T = decltype(z);
+    device::gather_kernel<T><<<device::blocks_for(n * row_elements), device::threads, 0, stream>>>(
+        static_cast<const T*>(table), indices, static_cast<T*>(out), n, rows, row_elements, first_row, sharded, bad_index);
+  });
+  device::check_launch("gather_kernel");
+}
+
+void scatter_add(DType t, const std::int32_t* indices, const void* updates, void* out, std::int64_t n, std::int64_t rows,
+                 std::int64_t row_elements, std::int64_t first_row, bool sharded, int* bad_index, cudaStream_t stream) {
+  if (n * row_elements == 0) return;
+  device::by_type(t, [&](auto z) {
+    using T = decltype(z);
+    device::scatter_add_kernel<T><<<device::blocks_for(n * row_elements), device::threads, 0, stream>>>(
+        indices, static_cast<const T*>(updates), static_cast<T*>(out), n, rows, row_elements, first_row, sharded, bad_index);
+  });
+  device::check_launch("scatter_add_kernel");
+}
+
+}  // namespace launch
+}  // namespace partir::gpu

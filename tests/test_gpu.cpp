@@ -1,0 +1,404 @@
+// The GPU backend. Two suites in one program:
+//   test_gpu --host   runs everywhere: the device pool and its liveness plan, and the no-GPU diagnostics;
+//   test_gpu          compares every GPU kernel with the Eigen kernel and a train step with interpret();
+//                     without a CUDA device it says so and exits 77 (Meson: SKIP).
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <partir/partir.hpp>
+#include <partir/runtime/gpu/executor.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <random>
+
+using namespace partir;
+
+namespace {
+
+using Rng = std::mt19937_64;
+
+Array random_array(Rng& rng, const TensorType& t, double lo = -2, double hi = 2) {
+  Array a(t);
+  std::uniform_real_distribution<double> u(lo, hi);
+  for (std::int64_t i = 0; i < a.size(); ++i) a.set(i, t.dtype == DType::i32 ? std::round(u(rng)) : u(rng));
+  return a;
+}
+
+// Max |got - want| / (1 + |want|); NaN where one is NaN and the other not.
+double error(const Array& got, const Array& want) {
+  REQUIRE(to_string(got.type()) == to_string(want.type()));
+  double worst = 0;
+  for (std::int64_t i = 0; i < want.size(); ++i) {
+    const double g = got.at(i), w = want.at(i);
+    if (std::isnan(w) || std::isnan(g)) {
+      if (std::isnan(w) != std::isnan(g)) return NAN;
+      continue;
+    }
+    if (std::isinf(w) || std::isinf(g)) {
+      if (g != w) return INFINITY;
+      continue;
+    }
+    worst = std::max(worst, std::abs(g - w) / (1 + std::abs(w)));
+  }
+  return worst;
+}
+
+double tolerance(DType t) { return t == DType::f32 ? 1e-5 : t == DType::f64 ? 1e-12 : 0; }
+
+// A one-op program on the given operands.
+Program one_op(OpKind kind, const std::vector<Array>& args, const Attrs& attrs, NamedArrays& inputs) {
+  Program p("t");
+  std::vector<ValueId> ids;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string name = "a" + std::to_string(i);
+    ids.push_back(p.add_input(name, args[i].type()));
+    inputs.emplace(name, args[i]);
+  }
+  p.add_output("y", p.add(kind, ids, attrs));
+  return p;
+}
+
+SpmdProgram on_one_device(const Program& p) { return lower(partition(p, Mesh{{"d", 1}}, Schedule{})); }
+
+nccl::Communicator& gpu_comm() {
+  static nccl::Communicator comm;
+  return comm;
+}
+
+// The op on the GPU and on the Eigen kernels (through interpret): the relative error.
+double gpu_vs_cpu(OpKind kind, const std::vector<Array>& args, const Attrs& attrs = {}) {
+  NamedArrays inputs;
+  const Program p = one_op(kind, args, attrs, inputs);
+  const Array want = interpret(p, inputs).at("y");
+  const Array got = gpu::execute(on_one_device(p), gpu_comm(), inputs).outputs.at("y");
+  return error(got, want);
+}
+
+std::string describe(OpKind kind, const std::vector<Array>& args) {
+  std::string s(name_of(kind));
+  for (const auto& a : args) s += " " + to_string(a.type());
+  return s;
+}
+
+#define CHECK_GPU_OP(kind, args, ...)                                     \
+  do {                                                                    \
+    INFO(describe(kind, args));                                           \
+    CHECK(gpu_vs_cpu(kind, args, ##__VA_ARGS__) <= tolerance(args[0].dtype())); \
+  } while (0)
+
+}  // namespace
+
+// ---------------------------------------------------------------- host suite: runs without a GPU
+
+TEST_SUITE("host") {
+  TEST_CASE("size classes: exact below 1 MiB in 512-byte steps, at most 12.5% over above") {
+    CHECK(gpu::size_class(1) == 512);
+    CHECK(gpu::size_class(513) == 1024);
+    CHECK(gpu::size_class((1 << 20) - 1) == (1 << 20));
+    for (std::int64_t b : {std::int64_t{1} << 20, (std::int64_t{3} << 20) + 7, std::int64_t{1} << 30, std::int64_t{123456789}}) {
+      CHECK(gpu::size_class(b) >= b);
+      CHECK(static_cast<double>(gpu::size_class(b)) <= 1.125 * static_cast<double>(b));
+    }
+  }
+
+  TEST_CASE("device pool: freed blocks are reused by size class; release gives the cache back") {
+    gpu::BasicPool<gpu::CountingAllocator> pool;
+    void* a = pool.take(1000);
+    void* b = pool.take(4096);
+    CHECK(pool.allocations() == 2);
+    pool.give(a, 1000);
+    CHECK(pool.take(1024) == a);  // same class (1024): reused
+    CHECK(pool.allocations() == 2);
+    pool.give(b, 4096);
+    pool.give(a, 1024);
+    CHECK(pool.bytes_in_use() == 0);
+    CHECK(pool.bytes_cached() == 1024 + 4096);
+    pool.release();
+    CHECK(pool.bytes_cached() == 0);
+    CHECK(pool.bytes_held() == 0);
+  }
+
+  TEST_CASE("device pool: out of memory names the request and what is in use") {
+    gpu::CountingAllocator limited;
+    limited.limit = 4096;
+    gpu::BasicPool<gpu::CountingAllocator> pool(limited);
+    (void)pool.take(4000);
+    CHECK_THROWS_WITH_AS(pool.take(512), doctest::Contains("out of device memory: a buffer of 512 bytes"), UserError);
+  }
+
+  TEST_CASE("device pool: reserve allocates only the blocks the cache lacks") {
+    gpu::BasicPool<gpu::CountingAllocator> pool;
+    pool.reserve({1000, 1000, 5000});
+    CHECK(pool.allocations() == 3);
+    pool.reserve({1024, 5000});
+    CHECK(pool.allocations() == 3);
+    void* x = pool.take(1000);
+    void* y = pool.take(1000);
+    CHECK(x != y);
+    CHECK(pool.allocations() == 3);
+  }
+
+  TEST_CASE("liveness plan: a chain of ops needs two result blocks, not one per op") {
+    Program p("chain");
+    ValueId v = p.add_input("x", {{1024, 1024}, DType::f32});
+    for (int i = 0; i < 6; ++i) v = p.add(OpKind::neg, {v});
+    p.add_output("y", v);
+    const gpu::PoolPlan plan = gpu::plan_pool(on_one_device(p));
+    CHECK(plan.blocks.size() == 3);  // the input, and two results alternating
+    CHECK(plan.bytes == 3 * gpu::size_class(4 << 20));
+    CHECK(plan.peak_in_use == plan.bytes);
+  }
+
+  TEST_CASE("liveness plan of an MLP train step: inputs plus activations, blocks reused across ops") {
+    nn::Mlp model{"params/mlp", {64, 256, 64}};
+    auto loss = [&](Tensor x, Tensor y) { return mse(model(x), y); };
+    const Program step = train_step(loss, Adam{1e-3}, {{"x", {32, 64}}, {"y", {32, 64}}});
+    const SpmdProgram spmd = on_one_device(step);
+    const gpu::PoolPlan plan = gpu::plan_pool(spmd);
+    std::int64_t inputs = 0;
+    for (const auto& b : spmd.inputs()) inputs += gpu::size_class(spmd.type(b.value).bytes());
+    CHECK(plan.peak_in_use >= inputs);
+    CHECK(plan.bytes >= plan.peak_in_use);
+    CHECK(static_cast<std::int64_t>(plan.blocks.size()) < spmd.size());
+  }
+
+  TEST_CASE("without a GPU: every entry point says that no CUDA device is present") {
+    if (gpu::device_count() > 0) {
+      MESSAGE("a CUDA device is present: the no-device messages are not exercised here");
+      return;
+    }
+    CHECK_FALSE(gpu::probe_devices().reason.empty());
+    CHECK_THROWS_WITH_AS(nccl::Communicator(), doctest::Contains("no CUDA device is present"), UserError);
+    CHECK_THROWS_WITH_AS(nccl::run(1, [](nccl::Communicator&) {}), doctest::Contains("nccl::run: no CUDA device is present"),
+                         UserError);
+    CHECK_THROWS_WITH_AS(gpu::require_devices(2, "bench"), doctest::Contains("bench: no CUDA device is present"), UserError);
+  }
+}
+
+// ---------------------------------------------------------------- device suite: needs a GPU
+
+TEST_SUITE("device") {
+  TEST_CASE("gpu: unary and binary ops match the Eigen kernels (f32, f64)") {
+    Rng rng(1);
+    for (DType t : {DType::f32, DType::f64})
+      for (const Shape& shape : {Shape{}, Shape{7}, Shape{33, 65}, Shape{4, 1000}}) {
+        const Array x = random_array(rng, {shape, t}, 0.1, 3), y = random_array(rng, {shape, t}, 0.1, 3);
+        for (OpKind k : {OpKind::neg, OpKind::exp, OpKind::log, OpKind::tanh, OpKind::rsqrt, OpKind::sqrt, OpKind::abs})
+          CHECK_GPU_OP(k, std::vector{x});
+        for (OpKind k : {OpKind::add, OpKind::sub, OpKind::mul, OpKind::div, OpKind::max, OpKind::min, OpKind::pow})
+          CHECK_GPU_OP(k, (std::vector{x, y}));
+      }
+  }
+
+  TEST_CASE("gpu: compare, select and convert for every dtype") {
+    Rng rng(2);
+    for (DType t : {DType::f32, DType::f64, DType::i32}) {
+      const Array x = random_array(rng, {{5, 9}, t}), y = random_array(rng, {{5, 9}, t});
+      for (CompareDir d : {CompareDir::eq, CompareDir::ne, CompareDir::lt, CompareDir::le, CompareDir::gt, CompareDir::ge}) {
+        Attrs a;
+        a.cmp = d;
+        CHECK_GPU_OP(OpKind::compare, (std::vector{x, y}), a);
+      }
+      for (DType v : {DType::f32, DType::f64, DType::i32}) {
+        const Array on = random_array(rng, {{5, 9}, v}), off = random_array(rng, {{5, 9}, v});
+        CHECK_GPU_OP(OpKind::select, (std::vector{x, on, off}));
+        Attrs a;
+        a.dtype = v;
+        CHECK_GPU_OP(OpKind::convert, std::vector{x}, a);
+      }
+    }
+  }
+
+  TEST_CASE("gpu: constants, splat and per element") {
+    for (DType t : {DType::f32, DType::i32}) {
+      Program p("c");
+      Attrs splat;
+      splat.shape = {3, 4};
+      splat.dtype = t;
+      splat.literal = {2.5};
+      Attrs each = splat;
+      each.literal = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+      p.add_output("s", p.add(OpKind::constant, {}, splat));
+      p.add_output("e", p.add(OpKind::constant, {}, each));
+      const auto want = interpret(p, NamedArrays{});
+      const auto got = gpu::execute(on_one_device(p), gpu_comm(), {}).outputs;
+      CHECK(got.at("s") == want.at("s"));
+      CHECK(got.at("e") == want.at("e"));
+    }
+  }
+
+  TEST_CASE("gpu: dot_general on cuBLAS, in-place and transposed layouts, batched") {
+    Rng rng(3);
+    struct Dot {
+      Shape lhs, rhs;
+      DotDims dims;
+    };
+    const std::vector<Dot> dots = {
+        {{64, 32}, {32, 48}, {{}, {}, {1}, {0}}},                  // plain
+        {{32, 64}, {32, 48}, {{}, {}, {0}, {0}}},                  // lhs transposed
+        {{64, 32}, {48, 32}, {{}, {}, {1}, {1}}},                  // rhs transposed (x W^T)
+        {{4, 16, 8}, {4, 8, 12}, {{0}, {0}, {2}, {1}}},            // batched
+        {{16, 4, 8}, {4, 8, 12}, {{1}, {0}, {2}, {1}}},            // batch dim in the middle: copied
+        {{2, 3, 5, 6}, {3, 2, 6, 7}, {{0, 1}, {1, 0}, {3}, {2}}},  // two batch dims, permuted
+        {{8, 4, 6}, {4, 6, 5}, {{}, {}, {1, 2}, {0, 1}}},          // two contracting dims
+        {{1, 5}, {5, 1}, {{}, {}, {1}, {0}}},                      // degenerate
+        {{256, 1024}, {1024, 512}, {{}, {}, {1}, {0}}},            // GEMM-sized
+    };
+    for (DType t : {DType::f32, DType::f64})
+      for (const auto& d : dots) {
+        Attrs a;
+        a.dot = d.dims;
+        const std::vector args{random_array(rng, {d.lhs, t}), random_array(rng, {d.rhs, t})};
+        INFO(describe(OpKind::dot_general, args));
+        // Sums of up to 1024 products in another order: tolerance grows with the contracted size.
+        CHECK(gpu_vs_cpu(OpKind::dot_general, args, a) <= (t == DType::f32 ? 2e-4 : 1e-11));
+      }
+  }
+
+  TEST_CASE("gpu: reduce_sum and reduce_max over dim subsets, empty reductions included") {
+    Rng rng(4);
+    const Shape shape{6, 5, 130};
+    for (DType t : {DType::f32, DType::f64, DType::i32})
+      for (const std::vector<std::int64_t>& dims : {std::vector<std::int64_t>{}, {0}, {1}, {2}, {0, 2}, {0, 1, 2}}) {
+        Attrs a;
+        a.dims = dims;
+        const std::vector args{random_array(rng, {shape, t})};
+        CHECK(gpu_vs_cpu(OpKind::reduce_sum, args, a) <= (t == DType::f32 ? 1e-5 : 1e-12));
+        CHECK(gpu_vs_cpu(OpKind::reduce_max, args, a) == 0);
+      }
+    Attrs a;
+    a.dims = {1};
+    CHECK(gpu_vs_cpu(OpKind::reduce_max, std::vector{Array(TensorType{{3, 0}, DType::f32})}, a) == 0);
+  }
+
+  TEST_CASE("gpu: broadcast, reshape, transpose, slice, pad, concatenate") {
+    Rng rng(5);
+    for (DType t : {DType::f32, DType::f64, DType::i32}) {
+      const Array x = random_array(rng, {{4, 1, 6}, t});
+      Attrs b;
+      b.dims = {0, 1, 3};
+      b.shape = {4, 5, 3, 6};
+      CHECK_GPU_OP(OpKind::broadcast_in_dim, std::vector{x}, b);
+      Attrs r;
+      r.shape = {6, 4};
+      CHECK_GPU_OP(OpKind::reshape, std::vector{x}, r);
+      const Array y = random_array(rng, {{3, 40, 50}, t});
+      for (const std::vector<std::int64_t>& perm : {std::vector<std::int64_t>{2, 1, 0}, {0, 2, 1}, {1, 0, 2}}) {
+        Attrs p;
+        p.dims = perm;
+        CHECK_GPU_OP(OpKind::transpose, std::vector{y}, p);
+      }
+      Attrs s;
+      s.lo = {1, 3, 7};
+      s.hi = {3, 30, 50};
+      CHECK_GPU_OP(OpKind::slice, std::vector{y}, s);
+      Attrs pad;
+      pad.lo = {1, 0, 2};
+      pad.hi = {0, 3, 1};
+      CHECK_GPU_OP(OpKind::pad, std::vector{y}, pad);
+      Attrs c;
+      c.axis = 1;
+      CHECK_GPU_OP(OpKind::concatenate, (std::vector{y, random_array(rng, {{3, 7, 50}, t})}), c);
+    }
+  }
+
+  TEST_CASE("gpu: gather rows and scatter_add them back, repeated indices included") {
+    Rng rng(6);
+    for (DType t : {DType::f32, DType::f64}) {
+      const Array table = random_array(rng, {{50, 16}, t});
+      Array indices({2, 20}, std::vector<std::int32_t>(40));
+      for (std::int64_t i = 0; i < 40; ++i) indices.set(i, static_cast<double>((i * 7) % 50 / (i % 3 + 1)));
+      CHECK_GPU_OP(OpKind::gather, (std::vector{table, indices}));
+      Attrs a;
+      a.shape = {50, 16};
+      CHECK(gpu_vs_cpu(OpKind::scatter_add, std::vector{indices, random_array(rng, {{2, 20, 16}, t})}, a) <= tolerance(t));
+    }
+  }
+
+  TEST_CASE("gpu: an out-of-range gather index is a user error, as on the CPU") {
+    Array table({4, 2}, std::vector<float>(8, 1.f));
+    Array indices({2}, std::vector<std::int32_t>{1, 9});
+    NamedArrays inputs;
+    const Program p = one_op(OpKind::gather, {table, indices}, {}, inputs);
+    CHECK_THROWS_WITH_AS(gpu::execute(on_one_device(p), gpu_comm(), inputs), doctest::Contains("out of range"), UserError);
+  }
+
+  TEST_CASE("gpu: tile moves of the collectives match layout::pack and unpack") {
+    Rng rng(7);
+    const Array x = random_array(rng, {{6, 8, 10}, DType::f32});
+    for (std::int64_t dim : {0, 1, 2}) {
+      const std::int64_t tiles = 2;
+      std::vector<std::byte> want(static_cast<std::size_t>(x.bytes()));
+      layout::pack(x, dim, tiles, want.data());
+      void *in = nullptr, *out = nullptr;
+      REQUIRE(cudaMalloc(&in, static_cast<std::size_t>(x.bytes())) == cudaSuccess);
+      REQUIRE(cudaMalloc(&out, static_cast<std::size_t>(x.bytes())) == cudaSuccess);
+      cudaMemcpy(in, layout::bytes(x), static_cast<std::size_t>(x.bytes()), cudaMemcpyHostToDevice);
+      gpu::detail::move_tiles(x.shape(), dim, tiles, true, in, out, DType::f32, nullptr);
+      std::vector<std::byte> got(want.size());
+      cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost);
+      CHECK(got == want);
+      gpu::detail::move_tiles(x.shape(), dim, tiles, false, out, in, DType::f32, nullptr);  // and back
+      Array back(x.type());
+      cudaMemcpy(layout::bytes(back), in, got.size(), cudaMemcpyDeviceToHost);
+      CHECK(back == x);
+      cudaFree(in);
+      cudaFree(out);
+    }
+  }
+
+  TEST_CASE("gpu: an MLP train step with Adam matches interpret() over three steps, and allocates nothing after the first") {
+    nn::Mlp model{"params/mlp", {64, 256, 64}};
+    auto loss = [&](Tensor x, Tensor y) { return mse(model(x), y); };
+    const Program step = train_step(loss, Adam{1e-3}, {{"x", {32, 64}}, {"y", {32, 64}}});
+    const SpmdProgram spmd = on_one_device(step);
+    NamedArrays cpu = init_inputs(step, 0, true), gpu_state = cpu;
+    std::int64_t allocations = 0;
+    for (int s = 0; s < 3; ++s) {
+      NamedArrays want = interpret(step, cpu);
+      NamedArrays got = gpu::execute(spmd, gpu_comm(), gpu_state).outputs;
+      for (const auto& [name, a] : want) {
+        INFO("step " << s << " output " << name);
+        CHECK(error(got.at(name), a) <= 1e-4);
+      }
+      carry_state(step, cpu, std::move(want));
+      carry_state(step, gpu_state, std::move(got));
+      const auto now = gpu::context(gpu_comm().gpu()).pool.allocations();
+      if (s > 0) CHECK(now == allocations);
+      allocations = now;
+    }
+  }
+
+  TEST_CASE("gpu: host buffers through the NCCL communicator are staged and come back") {
+    Group one{{0}};
+    std::vector<float> data{1, 2, 3}, out(3);
+    gpu_comm().all_reduce(one, data.data(), 3, DType::f32);
+    CHECK(data == std::vector<float>{1, 2, 3});
+    gpu_comm().all_gather(one, data.data(), out.data(), 3, DType::f32);
+    CHECK(out == data);
+    gpu_comm().barrier();
+  }
+}
+
+int main(int argc, char** argv) {
+  bool host_only = false;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--host") == 0) host_only = true;
+    else args.push_back(argv[i]);
+  }
+  doctest::Context context(static_cast<int>(args.size()), args.data());
+  if (host_only) {
+    context.addFilter("test-suite", "host");
+  } else {
+    const gpu::DeviceCount d = gpu::probe_devices();
+    if (d.count == 0) {
+      std::cout << "test_gpu: no CUDA device is present (" << d.reason << "); skipping the GPU kernel tests\n";
+      return 77;
+    }
+    context.addFilter("test-suite", "device");
+  }
+  return context.run();
+}
