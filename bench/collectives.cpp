@@ -10,12 +10,22 @@
 // #wrong counts elements that differ from the exactly known result of one checked call.
 //
 //   mpirun -np 2 build/bench/collectives -b 1K -e 16M -f 4 --backend mpi --raw
+//   build/bench/collectives --backend nccl -o all          (one thread per GPU; under mpirun: one rank per GPU)
+// With --backend nccl the timed calls run on device buffers; the checked call goes through host buffers,
+// which the NCCL communicator stages through the device.
 #include <partir/runtime/threads.hpp>
 #include <partir/sim/calibrate.hpp>
 #ifdef PARTIR_BENCH_MPI
 #include <partir/runtime/mpi.hpp>
 #endif
+#ifdef PARTIR_BENCH_NCCL
+#include <partir/runtime/nccl.hpp>
+#ifdef PARTIR_BENCH_MPI
+#include <partir/runtime/nccl_mpi.hpp>
+#endif
+#endif
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -33,7 +43,7 @@ struct Options {
   bool check = true;
   std::vector<CollectiveKind> ops = {CollectiveKind::all_reduce};
   std::string backend = "threads";
-  int devices = 2;
+  int devices = 0;  // threads: 2; nccl: every GPU present
   std::string mesh, axis, json_path, calibrate_path;
   bool raw = false, rs_alternatives = false;
 };
@@ -181,10 +191,14 @@ struct Row {
   std::optional<double> raw_seconds, raw_busbw;
 };
 
+// Where the timed calls' buffers live: host vectors, or (NCCL) device memory from this hook, which returns
+// a buffer of at least `elements` floats for slot 0 (in) or 1 (out).
+using DeviceBuffers = std::function<float*(int slot, std::int64_t elements)>;
+
 // Sizes -b, -b*f, ... up to -e; every row is timed on every device, printed by device 0.
 template <p::Communicator C>
 std::vector<Row> sweep(C& comm, const Options& o, const p::Mesh& mesh, const p::AxisList& axes, const Call& call,
-                       const Call* raw) {
+                       const Call* raw, const DeviceBuffers& device_buffers = {}) {
   const int me = comm.device();
   p::Group g;
   for (auto d : mesh.group(me, axes)) g.devices.push_back(static_cast<int>(d));
@@ -194,9 +208,11 @@ std::vector<Row> sweep(C& comm, const Options& o, const p::Mesh& mesh, const p::
     for (std::int64_t size = o.min_bytes; size <= o.max_bytes; size *= o.factor) {
       const Buffers b = buffers(kind, size, n);
       std::vector<float> in(static_cast<std::size_t>(b.in)), out(static_cast<std::size_t>(b.out));
+      float* timed_in = device_buffers ? device_buffers(0, b.in) : in.data();
+      float* timed_out = device_buffers ? device_buffers(1, b.out) : out.data();
       auto time = [&](const Call& c) {
         return p::calibration::seconds_per_call(comm, o.warmup, o.iterations,
-                                                [&] { c(g, kind, in.data(), out.data(), b.count); });
+                                                [&] { c(g, kind, timed_in, timed_out, b.count); });
       };
       // Rounds alternate partir and raw, so that both see the same machine; the best round of each counts.
       Row r{std::string(p::name_of(kind)), std::max(b.in, b.out) * 4, std::max(b.in, b.out), 1e30, 0, 0, 0, {}, {}};
@@ -263,7 +279,7 @@ void write_json(const std::vector<Row>& rows, const std::string& path, const std
 
 // Runs the benchmark (or the calibration) on this device; device 0 reports.
 template <p::Communicator C>
-void run(C& comm, const Options& o, const Call* raw) {
+void run(C& comm, const Options& o, const Call* raw, const DeviceBuffers& device_buffers = {}) {
   const p::Mesh mesh = o.mesh.empty() ? p::Mesh{{"d", comm.num_devices()}} : p::Mesh::parse(o.mesh);
   if (mesh.num_devices() != comm.num_devices())
     p::user_error("mesh " + mesh.to_string() + " has " + std::to_string(mesh.num_devices()) + " devices, the " +
@@ -283,7 +299,7 @@ void run(C& comm, const Options& o, const Call* raw) {
     for (const auto& a : mesh.axes()) axes.push_back(a.name);
   else
     axes = split_axes(o.axis);
-  const auto rows = sweep(comm, o, mesh, axes, partir_call(comm), raw);
+  const auto rows = sweep(comm, o, mesh, axes, partir_call(comm), raw, device_buffers);
   if (comm.device() != 0) return;
   const std::string setup = "backend " + o.backend + ", " + std::to_string(comm.num_devices()) + " devices, mesh " +
                             mesh.to_string() + ", groups along " + p::to_string(axes) + " (" +
@@ -411,13 +427,47 @@ void compare_reduce_scatter(p::mpi::Communicator& comm, const Options& o, RawMpi
 }
 #endif
 
+#ifdef PARTIR_BENCH_NCCL
+// Two device buffers per GPU, grown as the sizes grow, zero-filled (the timed calls' data does not matter;
+// the checked call uses host buffers).
+class NcclBuffers {
+ public:
+  ~NcclBuffers() {
+    for (auto* b : buffers_)
+      if (b) cudaFree(b);
+  }
+  float* get(int slot, std::int64_t elements) {
+    auto& b = buffers_[static_cast<std::size_t>(slot)];
+    auto& have = sizes_[static_cast<std::size_t>(slot)];
+    if (elements > have) {
+      if (b) cudaFree(b);
+      b = nullptr;
+      const auto bytes = static_cast<std::size_t>(std::max<std::int64_t>(elements, 1)) * sizeof(float);
+      p::gpu::check_cuda(cudaMalloc(reinterpret_cast<void**>(&b), bytes), "cudaMalloc (benchmark buffer)");
+      p::gpu::check_cuda(cudaMemset(b, 0, bytes), "cudaMemset");
+      have = elements;
+    }
+    return b;
+  }
+
+ private:
+  std::array<float*, 2> buffers_{};
+  std::array<std::int64_t, 2> sizes_{};
+};
+
+void run_nccl(p::nccl::Communicator& comm, const Options& o) {
+  NcclBuffers buffers;
+  run(comm, o, nullptr, [&](int slot, std::int64_t elements) { return buffers.get(slot, elements); });
+}
+#endif
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   try {
     if (o.backend == "threads") {
-      const int devices = o.mesh.empty() ? o.devices : static_cast<int>(p::Mesh::parse(o.mesh).num_devices());
+      const int devices = o.mesh.empty() ? (o.devices ? o.devices : 2) : static_cast<int>(p::Mesh::parse(o.mesh).num_devices());
       p::threads::run(devices, [&](p::threads::Communicator& c) { run(c, o, nullptr); });
     } else if (o.backend == "mpi") {
 #ifdef PARTIR_BENCH_MPI
@@ -434,7 +484,23 @@ int main(int argc, char** argv) {
       fail("--backend mpi: this build has no MPI (configure with -Dmpi=enabled and an MPI installation)");
 #endif
     } else if (o.backend == "nccl") {
-      fail("--backend nccl: not built; partir has no NCCL communicator yet (include/partir/runtime/nccl.hpp)");
+#ifdef PARTIR_BENCH_NCCL
+      if (!o.calibrate_path.empty()) fail("--calibrate times CPU kernels: use it with --backend threads or mpi");
+#ifdef PARTIR_BENCH_MPI
+      if (std::getenv("OMPI_COMM_WORLD_SIZE")) {  // under mpirun: one rank per GPU
+        p::mpi::Session session(argc, argv);
+        auto comm = p::nccl::from_mpi();
+        run_nccl(*comm, o);
+        return 0;
+      }
+#endif
+      const int devices = !o.mesh.empty() ? static_cast<int>(p::Mesh::parse(o.mesh).num_devices())
+                          : o.devices    ? o.devices
+                                         : std::max(p::gpu::device_count(), 1);
+      p::nccl::run(devices, [&](p::nccl::Communicator& c) { run_nccl(c, o); });
+#else
+      fail("--backend nccl: this build has no NCCL backend (configure with -Dnccl=enabled; needs CUDA and NCCL under CUDA_HOME)");
+#endif
     } else {
       fail("unknown backend '" + o.backend + "' (threads, mpi or nccl)");
     }

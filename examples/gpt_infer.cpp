@@ -47,7 +47,7 @@ int main(int argc, char** argv) {
   const std::string mesh_text = args.get("mesh", "model=2", "device mesh, axes major to minor");
   const std::string schedule_text = args.get("schedule", "mq", "decode tactics: bp, mq, ... (comma-separated)");
   const std::string train_schedule_text = args.get("train-schedule", "mq", "training tactics (comma-separated)");
-  const std::string backend = args.get("backend", "threads", "threads (one process) or mpi (under mpirun)");
+  const std::string backend = args.get("backend", "threads", "threads (one process), mpi (under mpirun) or nccl (one GPU per device)");
   const std::string report = args.get("report", "", "'json' writes a JSON report of the decoding");
   const std::string report_file = args.get("report-file", "gpt_infer_report.json", "where --report json writes");
   args.finish();

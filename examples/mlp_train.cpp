@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
   const double lr = args.get_double("lr", 1e-2, "Adam learning rate");
   const std::string mesh_text = args.get("mesh", "batch=1", "device mesh, axes major to minor");
   const std::string schedule_text = args.get("schedule", "none", "tactics in order: bp, mp, z2, z3 (comma-separated)");
-  const std::string backend = args.get("backend", "threads", "threads (one process) or mpi (under mpirun)");
+  const std::string backend = args.get("backend", "threads", "threads (one process), mpi (under mpirun) or nccl (one GPU per device)");
   const std::string report = args.get("report", "", "'json' writes a JSON report of the run");
   const std::string report_file = args.get("report-file", "mlp_train_report.json", "where --report json writes");
   args.finish();

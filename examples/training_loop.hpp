@@ -6,8 +6,15 @@
 #ifdef PARTIR_EXAMPLES_MPI
 #include <partir/runtime/mpi.hpp>
 #endif
+#ifdef PARTIR_EXAMPLES_NCCL  // before train(): its p::execute then also names the GPU executor
+#include <partir/runtime/gpu/executor.hpp>
+#ifdef PARTIR_EXAMPLES_MPI
+#include <partir/runtime/nccl_mpi.hpp>
+#endif
+#endif
 
 #include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <iomanip>
@@ -105,7 +112,8 @@ Trained train(C& comm, const p::Program& step, const p::SpmdProgram& spmd, const
 }
 
 // Runs fn(communicator) on every device of the chosen backend: `devices` threads of this process, or this
-// MPI rank (under mpirun, one rank per device).
+// MPI rank (under mpirun, one rank per device); nccl: one GPU per device, as threads of this process, or
+// as MPI ranks when started by mpirun.
 template <class Fn>
 void run_on_backend(const std::string& backend, std::int64_t devices, int& argc, char**& argv, Fn&& fn) {
   if (backend == "threads") {
@@ -119,8 +127,25 @@ void run_on_backend(const std::string& backend, std::int64_t devices, int& argc,
     (void)argc, (void)argv;
     p::user_error("--backend mpi: this build has no MPI (configure with -Dmpi=enabled)");
 #endif
+  } else if (backend == "nccl") {
+#ifdef PARTIR_EXAMPLES_NCCL
+#ifdef PARTIR_EXAMPLES_MPI
+    if (std::getenv("OMPI_COMM_WORLD_SIZE")) {
+      p::mpi::Session session(argc, argv);
+      auto c = p::nccl::from_mpi();
+      fn(*c);
+      return;
+    }
+#endif
+    (void)argc, (void)argv;
+    p::nccl::run(static_cast<int>(devices), [&](p::nccl::Communicator& c) { fn(c); });
+#else
+    (void)argc, (void)argv;
+    p::user_error("--backend nccl: this build has no NCCL backend (configure with -Dnccl=enabled; needs CUDA and NCCL "
+                  "under CUDA_HOME)");
+#endif
   } else {
-    p::user_error("--backend: expected threads or mpi, got '" + backend + "'");
+    p::user_error("--backend: expected threads, mpi or nccl, got '" + backend + "'");
   }
 }
 
