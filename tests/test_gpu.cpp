@@ -82,6 +82,40 @@ std::string describe(OpKind kind, const std::vector<Array>& args) {
   return s;
 }
 
+// What launch::strided_copy does, on the host, with the kernel's index function.
+void apply_view(const gpu::View& v, const Array& src, Array& dst) {
+  const gpu::StridedShape s = gpu::strided(v);
+  std::int64_t n = 1;
+  for (int d = 0; d < s.rank; ++d) n *= s.shape[d];
+  if (num_elements(v.shape) == 0) n = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    std::int64_t from = 0, to = 0;
+    gpu::view_offsets(s, i, from, to);
+    dst.set(v.dst_offset + to, src.at(v.src_offset + from));
+  }
+}
+
+struct DotCase {
+  Shape lhs, rhs;
+  DotDims dims;
+};
+std::vector<DotCase> dot_cases() {
+  return {
+      {{64, 32}, {32, 48}, {{}, {}, {1}, {0}}},                  // plain
+      {{32, 64}, {32, 48}, {{}, {}, {0}, {0}}},                  // lhs transposed
+      {{64, 32}, {48, 32}, {{}, {}, {1}, {1}}},                  // rhs transposed (x W^T)
+      {{4, 16, 8}, {4, 8, 12}, {{0}, {0}, {2}, {1}}},            // batched
+      {{16, 4, 8}, {4, 8, 12}, {{1}, {0}, {2}, {1}}},            // batch dim in the middle
+      {{2, 3, 5, 6}, {3, 2, 6, 7}, {{0, 1}, {1, 0}, {3}, {2}}},  // two batch dims, permuted
+      {{8, 4, 6}, {4, 6, 5}, {{}, {}, {1, 2}, {0, 1}}},          // two contracting dims
+      {{8, 4, 6}, {6, 4, 5}, {{}, {}, {1, 2}, {1, 0}}},          // contracting dims paired out of order
+      {{1, 5}, {5, 1}, {{}, {}, {1}, {0}}},                      // degenerate
+      {{5}, {5, 3}, {{}, {}, {0}, {0}}},                         // vector x matrix
+      {{2, 4, 1, 3}, {2, 3, 6}, {{0}, {0}, {3}, {1}}},           // unit dim among the free dims
+      {{3, 4, 2, 5}, {3, 5, 2, 6}, {{0, 2}, {0, 2}, {3}, {1}}},  // attention-like: heads between
+  };
+}
+
 #define CHECK_GPU_OP(kind, args, ...)                                     \
   do {                                                                    \
     INFO(describe(kind, args));                                           \
@@ -164,6 +198,146 @@ TEST_SUITE("host") {
     CHECK(static_cast<std::int64_t>(plan.blocks.size()) < spmd.size());
   }
 
+  // The views the executor launches, run on the host through the kernels' own index functions.
+  TEST_CASE("views: broadcast, transpose, slice, pad and concatenate equal the CPU kernels") {
+    Rng rng(11);
+    for (int trial = 0; trial < 20; ++trial) {
+      const Array y = random_array(rng, {{2 + trial % 3, 5, 3 + trial % 4}, DType::f64});
+      const Shape& ys = y.shape();
+      auto check = [&](OpKind kind, const std::vector<Array>& args, const Attrs& a, auto make_views) {
+        NamedArrays inputs;
+        const Program p = one_op(kind, args, a, inputs);
+        const Array want = interpret(p, inputs).at("y");
+        Array got(want.type());  // zeros: what pad's memset leaves
+        make_views(got);
+        INFO(name_of(kind) << " of " << to_string(ys));
+        CHECK(got == want);
+      };
+      Attrs b;
+      b.dims = {0, 2, 3};
+      b.shape = {ys[0], 4, ys[1], ys[2]};
+      check(OpKind::broadcast_in_dim, {y}, b, [&](Array& got) { apply_view(gpu::broadcast_view(ys, b), y, got); });
+      Attrs one;
+      one.dims = {0, 1, 2};
+      one.shape = {ys[0], 5, ys[2]};
+      const Array z = random_array(rng, {{ys[0], 1, ys[2]}, DType::f64});
+      check(OpKind::broadcast_in_dim, {z}, one, [&](Array& got) { apply_view(gpu::broadcast_view(z.shape(), one), z, got); });
+      for (const std::vector<std::int64_t>& perm : {std::vector<std::int64_t>{2, 1, 0}, {0, 2, 1}, {1, 2, 0}}) {
+        Attrs t;
+        t.dims = perm;
+        const Shape out{ys[perm[0]], ys[perm[1]], ys[perm[2]]};
+        check(OpKind::transpose, {y}, t, [&](Array& got) { apply_view(gpu::transpose_view(ys, t, out), y, got); });
+      }
+      Attrs sl;
+      sl.lo = {1, 2, 0};
+      sl.hi = {ys[0], 5, 2};
+      check(OpKind::slice, {y}, sl, [&](Array& got) { apply_view(gpu::slice_view(ys, sl, got.shape()), y, got); });
+      Attrs pad;
+      pad.lo = {0, 2, 1};
+      pad.hi = {1, 0, 3};
+      check(OpKind::pad, {y}, pad, [&](Array& got) { apply_view(gpu::pad_view(ys, pad, got.shape()), y, got); });
+      Attrs c;
+      c.axis = 2;
+      const Array w = random_array(rng, {{ys[0], 5, 4}, DType::f64});
+      check(OpKind::concatenate, {y, w}, c, [&](Array& got) {
+        apply_view(gpu::concatenate_view(ys, 2, 0, got.shape()), y, got);
+        apply_view(gpu::concatenate_view(w.shape(), 2, ys[2], got.shape()), w, got);
+      });
+    }
+  }
+
+  TEST_CASE("views: the collectives' tiles equal layout::tile, pack and unpack") {
+    Rng rng(12);
+    const Array x = random_array(rng, {{4, 6, 8}, DType::f32});
+    for (std::int64_t dim : {0, 1, 2})
+      for (std::int64_t tiles : {1, 2}) {
+        INFO("dim " << dim << ", " << tiles << " tiles");
+        for (std::int64_t q = 0; q < tiles; ++q) {
+          const Array want = layout::tile(x, dim, tiles, q);
+          Array got(want.type());
+          apply_view(gpu::tile_view(x.shape(), dim, tiles, q), x, got);
+          CHECK(got == want);
+        }
+        Array packed(x.type()), back(x.type());
+        std::vector<std::byte> want(static_cast<std::size_t>(x.bytes()));
+        layout::pack(x, dim, tiles, want.data());
+        apply_view(gpu::tiles_view(x.shape(), dim, tiles, true), x, packed);
+        CHECK(std::memcmp(layout::bytes(packed), want.data(), want.size()) == 0);
+        apply_view(gpu::tiles_view(x.shape(), dim, tiles, false), packed, back);
+        CHECK(back == x);
+        CHECK(gpu::tiles_are_blocks(x.shape(), dim) == (dim == 0));
+      }
+  }
+
+  TEST_CASE("views: reductions over every dim subset equal reduce_sum and reduce_max") {
+    Rng rng(13);
+    const Array x = random_array(rng, {{3, 1, 4, 5}, DType::f64});
+    for (int mask = 0; mask < 16; ++mask) {
+      std::vector<std::int64_t> dims;
+      for (std::int64_t d = 0; d < 4; ++d)
+        if (mask & (1 << d)) dims.push_back(d);
+      for (OpKind kind : {OpKind::reduce_sum, OpKind::reduce_max}) {
+        Attrs a;
+        a.dims = dims;
+        NamedArrays inputs;
+        const Array want = interpret(one_op(kind, {x}, a, inputs), inputs).at("y");
+        const gpu::ReduceShape s = gpu::reduce_shape(x.shape(), dims, kind);
+        REQUIRE(s.outputs == want.size());
+        Array got(want.type());
+        for (std::int64_t o = 0; o < s.outputs; ++o) {
+          double acc = kind == OpKind::reduce_max ? -INFINITY : 0;
+          for (std::int64_t j = 0; j < s.count; ++j) {
+            const double v = x.at(gpu::kept_offset(s, o) + gpu::reduced_offset(s, j));
+            acc = kind == OpKind::reduce_max ? std::max(acc, v) : acc + v;
+          }
+          got.set(o, acc);
+        }
+        INFO(name_of(kind) << " over " << dims.size() << " dims (mask " << mask << ")");
+        CHECK(error(got, want) <= 1e-12);
+      }
+    }
+  }
+
+  TEST_CASE("gemm plans: the cuBLAS call, run through a reference of cuBLAS's semantics, equals dot_general") {
+    Rng rng(14);
+    for (const auto& d : dot_cases()) {
+      const Array lhs = random_array(rng, {d.lhs, DType::f64}), rhs = random_array(rng, {d.rhs, DType::f64});
+      Attrs a;
+      a.dot = d.dims;
+      NamedArrays inputs;
+      const Array want = interpret(one_op(OpKind::dot_general, {lhs, rhs}, a, inputs), inputs).at("y");
+      const gpu::GemmPlan g = gpu::plan_gemm(d.lhs, d.rhs, d.dims);
+      auto operand = [](const gpu::GemmOperand& o, const Array& x) {
+        if (!o.copied) return x;
+        Array copied(TensorType{o.copy.shape, x.dtype()});
+        apply_view(o.copy, x, copied);
+        return copied;
+      };
+      const Array A = operand(g.a, lhs), B = operand(g.b, rhs);
+      INFO(to_string(lhs.type()) << " x " << to_string(rhs.type()) << (g.a.copied ? " (lhs copied)" : "")
+                                 << (g.b.copied ? " (rhs copied)" : ""));
+      // The arguments dot_general passes: cuBLAS's A is the rhs, its B the lhs, m = n and n = m.
+      const bool ta = g.transpose_first(), tb = g.transpose_second();
+      const std::int64_t m = g.n, n = g.m, k = g.k;
+      CHECK(g.b.ld >= std::max<std::int64_t>(1, ta ? k : m));  // cuBLAS's lda rule
+      CHECK(g.a.ld >= std::max<std::int64_t>(1, tb ? n : k));  // ldb
+      CHECK(g.ldc() >= std::max<std::int64_t>(1, m));          // ldc
+      Array got(want.type());
+      for (std::int64_t p = 0; p < g.batch; ++p)
+        for (std::int64_t i = 0; i < m; ++i)
+          for (std::int64_t j = 0; j < n; ++j) {
+            double sum = 0;
+            for (std::int64_t l = 0; l < k; ++l) {
+              const double av = B.at(p * g.b.batch_stride + (ta ? l + i * g.b.ld : i + l * g.b.ld));
+              const double bv = A.at(p * g.a.batch_stride + (tb ? j + l * g.a.ld : l + j * g.a.ld));
+              sum += av * bv;
+            }
+            got.set(p * g.stride_c() + i + j * g.ldc(), sum);
+          }
+      CHECK(error(got, want) <= 1e-12);
+    }
+  }
+
   TEST_CASE("without a GPU: every entry point says that no CUDA device is present") {
     if (gpu::device_count() > 0) {
       MESSAGE("a CUDA device is present: the no-device messages are not exercised here");
@@ -231,21 +405,11 @@ TEST_SUITE("device") {
 
   TEST_CASE("gpu: dot_general on cuBLAS, in-place and transposed layouts, batched") {
     Rng rng(3);
-    struct Dot {
-      Shape lhs, rhs;
-      DotDims dims;
-    };
-    const std::vector<Dot> dots = {
-        {{64, 32}, {32, 48}, {{}, {}, {1}, {0}}},                  // plain
-        {{32, 64}, {32, 48}, {{}, {}, {0}, {0}}},                  // lhs transposed
-        {{64, 32}, {48, 32}, {{}, {}, {1}, {1}}},                  // rhs transposed (x W^T)
-        {{4, 16, 8}, {4, 8, 12}, {{0}, {0}, {2}, {1}}},            // batched
-        {{16, 4, 8}, {4, 8, 12}, {{1}, {0}, {2}, {1}}},            // batch dim in the middle: copied
-        {{2, 3, 5, 6}, {3, 2, 6, 7}, {{0, 1}, {1, 0}, {3}, {2}}},  // two batch dims, permuted
-        {{8, 4, 6}, {4, 6, 5}, {{}, {}, {1, 2}, {0, 1}}},          // two contracting dims
-        {{1, 5}, {5, 1}, {{}, {}, {1}, {0}}},                      // degenerate
-        {{256, 1024}, {1024, 512}, {{}, {}, {1}, {0}}},            // GEMM-sized
-    };
+    const std::vector<DotCase> dots = [] {
+      auto cases = dot_cases();
+      cases.push_back({{256, 1024}, {1024, 512}, {{}, {}, {1}, {0}}});  // GEMM-sized
+      return cases;
+    }();
     for (DType t : {DType::f32, DType::f64})
       for (const auto& d : dots) {
         Attrs a;
@@ -336,11 +500,11 @@ TEST_SUITE("device") {
       REQUIRE(cudaMalloc(&in, static_cast<std::size_t>(x.bytes())) == cudaSuccess);
       REQUIRE(cudaMalloc(&out, static_cast<std::size_t>(x.bytes())) == cudaSuccess);
       cudaMemcpy(in, layout::bytes(x), static_cast<std::size_t>(x.bytes()), cudaMemcpyHostToDevice);
-      gpu::detail::move_tiles(x.shape(), dim, tiles, true, in, out, DType::f32, nullptr);
+      gpu::copy(gpu::tiles_view(x.shape(), dim, tiles, true), in, out, DType::f32, nullptr);
       std::vector<std::byte> got(want.size());
       cudaMemcpy(got.data(), out, got.size(), cudaMemcpyDeviceToHost);
       CHECK(got == want);
-      gpu::detail::move_tiles(x.shape(), dim, tiles, false, out, in, DType::f32, nullptr);  // and back
+      gpu::copy(gpu::tiles_view(x.shape(), dim, tiles, false), out, in, DType::f32, nullptr);  // and back
       Array back(x.type());
       cudaMemcpy(layout::bytes(back), in, got.size(), cudaMemcpyDeviceToHost);
       CHECK(back == x);

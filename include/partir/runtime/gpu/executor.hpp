@@ -17,6 +17,7 @@
 #include "partir/runtime/gpu/device_pool.hpp"
 #include "partir/runtime/gpu/gemm.hpp"
 #include "partir/runtime/gpu/launch.hpp"
+#include "partir/runtime/gpu/views.hpp"
 #include "partir/runtime/nccl.hpp"
 
 namespace partir::gpu {
@@ -56,19 +57,10 @@ struct Buffer {
 
 namespace detail {
 
-// Copies tile q of `tiles` along `dim` of `shape` to be the q-th contiguous block (pack), or back (unpack).
-inline void move_tiles(const Shape& shape, std::int64_t dim, std::int64_t tiles, bool to_blocks, const void* src, void* dst,
-                       DType t, cudaStream_t stream) {
-  const auto s = layout::split(shape, dim, 1);
-  const std::int64_t chunk = s.n / tiles * s.inner;
-  const kernels::Strides laid_out{chunk, s.n * s.inner, 1}, blocks{s.outer * chunk, chunk, 1};
-  copy_view({tiles, s.outer, chunk}, to_blocks ? laid_out : blocks, to_blocks ? blocks : laid_out, src, dst, t, stream);
-}
-
 class Runner {
  public:
   Runner(const SpmdProgram& p, nccl::Communicator& comm, Context& ctx)
-      : p_(p), mesh_(p.mesh()), comm_(comm), ctx_(ctx), stream_(comm.stream()) {}
+      : mesh_(p.mesh()), comm_(comm), ctx_(ctx), stream_(comm.stream()) {}
 
   Buffer take(const TensorType& type) { return {type, ctx_.pool.take(type.bytes())}; }
   void give(Buffer& b) {
@@ -102,10 +94,7 @@ class Runner {
     Buffer out = take(result);
     switch (c.kind) {
       case CollectiveKind::all_slice: {
-        const auto s = layout::split(in.type.shape, c.dim, 1);
-        const std::int64_t chunk = s.n / k * s.inner, index = mesh_.position(device, c.axes);
-        copy_view({s.outer, chunk}, {s.n * s.inner, 1}, {chunk, 1}, static_cast<const std::byte*>(in.data) + index * chunk * size_of(t),
-                  out.data, t, stream_);
+        copy(tile_view(in.type.shape, c.dim, k, mesh_.position(device, c.axes)), in.data, out.data, t, stream_);
         return out;
       }
       case CollectiveKind::all_reduce:
@@ -115,32 +104,32 @@ class Runner {
         return out;
       case CollectiveKind::all_gather: {
         // Tiles of the leading dims are already contiguous blocks: gather straight into the result.
-        if (layout::split(result.shape, c.dim, 1).outer == 1) {
+        if (tiles_are_blocks(result.shape, c.dim)) {
           comm_.all_gather(group, in.data, out.data, in.type.elements(), t);
           return out;
         }
         Buffer blocks = take(result);
         comm_.all_gather(group, in.data, blocks.data, in.type.elements(), t);
-        move_tiles(result.shape, c.dim, k, false, blocks.data, out.data, t, stream_);
+        copy(tiles_view(result.shape, c.dim, k, false), blocks.data, out.data, t, stream_);
         give(blocks);
         return out;
       }
       case CollectiveKind::reduce_scatter: {
-        if (layout::split(in.type.shape, c.dim, 1).outer == 1) {
+        if (tiles_are_blocks(in.type.shape, c.dim)) {
           comm_.reduce_scatter(group, in.data, out.data, result.elements(), t);
           return out;
         }
         Buffer packed = take(in.type);
-        move_tiles(in.type.shape, c.dim, k, true, in.data, packed.data, t, stream_);
+        copy(tiles_view(in.type.shape, c.dim, k, true), in.data, packed.data, t, stream_);
         comm_.reduce_scatter(group, packed.data, out.data, result.elements(), t);
         give(packed);
         return out;
       }
       case CollectiveKind::all_to_all: {
         Buffer sent = take(in.type), received = take(in.type);
-        move_tiles(in.type.shape, c.to_dim, k, true, in.data, sent.data, t, stream_);
+        copy(tiles_view(in.type.shape, c.to_dim, k, true), in.data, sent.data, t, stream_);
         comm_.all_to_all(group, sent.data, received.data, in.type.elements() / k, t);
-        move_tiles(result.shape, c.dim, k, false, received.data, out.data, t, stream_);
+        copy(tiles_view(result.shape, c.dim, k, false), received.data, out.data, t, stream_);
         give(sent);
         give(received);
         return out;
@@ -196,52 +185,31 @@ class Runner {
                          ctx_.pool, stream_);
         break;
       case K::reduce_sum: case K::reduce_max:
-        reduce(op.kind == K::reduce_max, *x, a.dims, out);
+        launch::reduce(op.kind == K::reduce_max, x->type.dtype, reduce_shape(x->type.shape, a.dims, op.kind), x->data,
+                       out.data, stream_);
         break;
-      case K::broadcast_in_dim: {
-        const auto xs = kernels::row_major_strides(x->type.shape);
-        kernels::Strides src(a.shape.size(), 0);  // new dims and expanded size-1 dims re-read the same elements
-        for (std::size_t i = 0; i < a.dims.size(); ++i)
-          if (x->type.shape[i] != 1) src[static_cast<std::size_t>(a.dims[i])] = xs[i];
-        copy_view(a.shape, src, kernels::row_major_strides(a.shape), x->data, out.data, op.type.dtype, stream_);
+      case K::broadcast_in_dim:
+        copy(broadcast_view(x->type.shape, a), x->data, out.data, op.type.dtype, stream_);
         break;
-      }
       case K::reshape:
         if (n > 0)
           check_cuda(cudaMemcpyAsync(out.data, x->data, static_cast<std::size_t>(op.type.bytes()), cudaMemcpyDeviceToDevice, stream_),
                      "cudaMemcpyAsync");
         break;
-      case K::transpose: {
-        const auto xs = kernels::row_major_strides(x->type.shape);
-        kernels::Strides src;
-        for (auto d : a.dims) src.push_back(xs[static_cast<std::size_t>(d)]);
-        copy_view(op.type.shape, src, kernels::row_major_strides(op.type.shape), x->data, out.data, op.type.dtype, stream_);
+      case K::transpose:
+        copy(transpose_view(x->type.shape, a, op.type.shape), x->data, out.data, op.type.dtype, stream_);
         break;
-      }
-      case K::slice: {
-        const auto xs = kernels::row_major_strides(x->type.shape);
-        std::int64_t start = 0;
-        for (std::size_t d = 0; d < xs.size(); ++d) start += a.lo[d] * xs[d];
-        copy_view(op.type.shape, xs, kernels::row_major_strides(op.type.shape),
-                  static_cast<const std::byte*>(x->data) + start * size_of(op.type.dtype), out.data, op.type.dtype, stream_);
+      case K::slice:
+        copy(slice_view(x->type.shape, a, op.type.shape), x->data, out.data, op.type.dtype, stream_);
         break;
-      }
-      case K::pad: {
+      case K::pad:
         check_cuda(cudaMemsetAsync(out.data, 0, static_cast<std::size_t>(op.type.bytes()), stream_), "cudaMemsetAsync");
-        const auto os = kernels::row_major_strides(op.type.shape);
-        std::int64_t start = 0;
-        for (std::size_t d = 0; d < os.size(); ++d) start += a.lo[d] * os[d];
-        copy_view(x->type.shape, kernels::row_major_strides(x->type.shape), os, x->data,
-                  static_cast<std::byte*>(out.data) + start * size_of(op.type.dtype), op.type.dtype, stream_);
+        copy(pad_view(x->type.shape, a, op.type.shape), x->data, out.data, op.type.dtype, stream_);
         break;
-      }
       case K::concatenate: {
-        const auto os = kernels::row_major_strides(op.type.shape);
         std::int64_t at = 0;
         for (const Buffer* part : in) {
-          copy_view(part->type.shape, kernels::row_major_strides(part->type.shape), os, part->data,
-                    static_cast<std::byte*>(out.data) + at * os[static_cast<std::size_t>(a.axis)] * size_of(op.type.dtype),
-                    op.type.dtype, stream_);
+          copy(concatenate_view(part->type.shape, a.axis, at, op.type.shape), part->data, out.data, op.type.dtype, stream_);
           at += part->type.shape[static_cast<std::size_t>(a.axis)];
         }
         break;
@@ -266,24 +234,6 @@ class Runner {
   }
 
  private:
-  void reduce(bool take_max, const Buffer& x, const std::vector<std::int64_t>& dims, Buffer& out) {
-    const auto xs = kernels::row_major_strides(x.type.shape);
-    ReduceShape s;
-    for (std::size_t d = 0; d < x.type.shape.size(); ++d) {
-      const bool reduced = std::find(dims.begin(), dims.end(), static_cast<std::int64_t>(d)) != dims.end();
-      int& rank = reduced ? s.reduced_rank : s.kept_rank;
-      if (rank == max_rank)
-        user_error(std::string(take_max ? "reduce_max" : "reduce_sum") + ": rank " + std::to_string(x.type.shape.size()) +
-                   " exceeds the GPU kernels' limit of " + std::to_string(max_rank) + " dims per side");
-      (reduced ? s.reduced : s.kept)[rank] = x.type.shape[d];
-      (reduced ? s.reduced_stride : s.kept_stride)[rank] = xs[d];
-      (reduced ? s.count : s.outputs) *= x.type.shape[d];
-      ++rank;
-    }
-    launch::reduce(take_max, x.type.dtype, s, x.data, out.data, stream_);
-  }
-
-  const SpmdProgram& p_;
   const Mesh& mesh_;
   nccl::Communicator& comm_;
   Context& ctx_;

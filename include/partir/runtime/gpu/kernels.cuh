@@ -108,13 +108,8 @@ __global__ void fill_kernel(T value, T* out, std::int64_t n) {
 template <class E>
 __global__ void strided_copy_kernel(StridedShape s, std::int64_t n, const E* src, E* dst) {
   PARTIR_GRID_LOOP(i, n) {
-    std::int64_t rest = i, from = 0, to = 0;
-    for (int d = s.rank - 1; d >= 0; --d) {
-      const std::int64_t index = rest % s.shape[d];
-      rest /= s.shape[d];
-      from += index * s.src[d];
-      to += index * s.dst[d];
-    }
+    std::int64_t from = 0, to = 0;
+    view_offsets(s, i, from, to);
     dst[to] = src[from];
   }
 }
@@ -130,19 +125,10 @@ template <class T, bool take_max>
 __global__ void reduce_kernel(ReduceShape s, const T* x, T* out) {
   __shared__ T partial[threads];
   for (std::int64_t o = blockIdx.x; o < s.outputs; o += gridDim.x) {
-    std::int64_t rest = o, base = 0;
-    for (int d = s.kept_rank - 1; d >= 0; --d) {
-      base += (rest % s.kept[d]) * s.kept_stride[d];
-      rest /= s.kept[d];
-    }
+    const std::int64_t base = kept_offset(s, o);
     T acc = take_max ? lowest<T>() : T(0);
     for (std::int64_t j = threadIdx.x; j < s.count; j += blockDim.x) {
-      std::int64_t r = j, at = base;
-      for (int d = s.reduced_rank - 1; d >= 0; --d) {
-        at += (r % s.reduced[d]) * s.reduced_stride[d];
-        r /= s.reduced[d];
-      }
-      const T v = x[at];
+      const T v = x[base + reduced_offset(s, j)];
       acc = take_max ? (v > acc ? v : acc) : acc + v;
     }
     partial[threadIdx.x] = acc;

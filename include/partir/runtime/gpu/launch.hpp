@@ -31,6 +31,43 @@ struct ReduceShape {
   std::int64_t outputs = 1, count = 1;  // products of kept and reduced
 };
 
+// Index arithmetic shared by the kernels and the host-side tests (which check it without a GPU).
+#ifdef __CUDACC__
+#define PARTIR_HOST_DEVICE __host__ __device__
+#else
+#define PARTIR_HOST_DEVICE
+#endif
+
+// Element i (row-major over s.shape): its offsets in the source and the destination.
+PARTIR_HOST_DEVICE inline void view_offsets(const StridedShape& s, std::int64_t i, std::int64_t& from, std::int64_t& to) {
+  from = 0;
+  to = 0;
+  for (int d = s.rank - 1; d >= 0; --d) {
+    const std::int64_t index = i % s.shape[d];
+    i /= s.shape[d];
+    from += index * s.src[d];
+    to += index * s.dst[d];
+  }
+}
+
+// Output element o: the offset of its first input element; reduced element j: its offset from there.
+PARTIR_HOST_DEVICE inline std::int64_t kept_offset(const ReduceShape& s, std::int64_t o) {
+  std::int64_t at = 0;
+  for (int d = s.kept_rank - 1; d >= 0; --d) {
+    at += (o % s.kept[d]) * s.kept_stride[d];
+    o /= s.kept[d];
+  }
+  return at;
+}
+PARTIR_HOST_DEVICE inline std::int64_t reduced_offset(const ReduceShape& s, std::int64_t j) {
+  std::int64_t at = 0;
+  for (int d = s.reduced_rank - 1; d >= 0; --d) {
+    at += (j % s.reduced[d]) * s.reduced_stride[d];
+    j /= s.reduced[d];
+  }
+  return at;
+}
+
 namespace launch {
 
 // out[i] = op(x[i]) for the unary kinds (f32, f64).
