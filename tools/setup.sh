@@ -18,6 +18,13 @@ fi
 if [ -d build ]; then
   meson setup --reconfigure build "$@" >/dev/null
 else
+  # Meson finds nvcc (for the GPU backend) only on PATH: point it at CUDA_HOME's when PATH lacks one.
+  nvcc="${CUDA_HOME:-/usr/local/cuda}/bin/nvcc"
+  if ! command -v nvcc >/dev/null 2>&1 && [ -x "$nvcc" ]; then
+    mkdir -p build
+    printf "[binaries]\ncuda = '%s'\n" "$nvcc" > build/cuda-native.ini
+    set -- --native-file build/cuda-native.ini "$@"
+  fi
   meson setup build "$@" >/dev/null
 fi
 echo "setup: build/ configured"
