@@ -126,7 +126,11 @@ class Communicator {
   void synchronize() { gpu::check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
  private:
-  static ncclUniqueId first_id() { return unique_id(); }
+  // Checks for a GPU before NCCL is touched, so a machine without one gets the no-device message.
+  static ncclUniqueId first_id() {
+    gpu::require_devices(1, "nccl::Communicator");
+    return unique_id();
+  }
 
   static std::size_t count(std::int64_t n) {
     if (n < 0) internal_error("nccl backend: negative element count " + std::to_string(n));
