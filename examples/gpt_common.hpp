@@ -2,6 +2,9 @@
 // What gpt_train and gpt_infer share: the byte corpus and its batches, the next-token program that generates
 // text, the choice of the next byte, and gathering a device's trained shards into whole parameters.
 #include <partir/partir.hpp>
+#ifdef PARTIR_EXAMPLES_NCCL  // so that gather_parameters' p::execute also names the GPU executor
+#include <partir/runtime/gpu/executor.hpp>
+#endif
 
 #include <cmath>
 #include <fstream>
