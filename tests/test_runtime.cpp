@@ -5,6 +5,7 @@
 #include <partir/partir.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -694,6 +695,10 @@ TEST_CASE("interpret: peak memory counts inputs, live intermediates and outputs"
   for (int i = 0; i < 10; ++i) v = chain.add(OpKind::neg, {v});
   chain.add_output("y", v);
   interpret(chain, {{"x", Array(TensorType{{1000}})}}, &stats);
+  CHECK(stats.peak_bytes == 2 * 4000);  // fused: one loop, no intermediate buffers
+  set_fusion(false);
+  interpret(chain, {{"x", Array(TensorType{{1000}})}}, &stats);
+  set_fusion(true);
   CHECK(stats.peak_bytes == 3 * 4000);
 }
 
@@ -770,4 +775,180 @@ TEST_CASE("init_inputs: deterministic per (seed, name), with the requested stati
   CHECK(with_data.at("ids") == Array({4}, std::vector<std::int32_t>{0, 0, 0, 0}));
   CHECK(with_data.at("x") != Array({4}, std::vector<float>{0, 0, 0, 0}));
   CHECK(with_data.at("w") == a.at("w"));
+}
+
+TEST_CASE("runtime: the BLAS and Eigen GEMM engines agree (random layouts, batched, transposed, f32 and f64)") {
+  if (blas_built_in) CHECK(gemm_engine() == GemmEngine::blas);
+  else MESSAGE("this build has no BLAS (-Dblas=none): both runs use Eigen");
+  Rng rng(21);
+  auto both = [&](const Array& lhs, const Array& rhs, const DotDims& d, const std::string& what) {
+    set_gemm_engine(GemmEngine::eigen);
+    const Array eigen = run_dot(lhs, rhs, d);
+    set_gemm_engine(GemmEngine::blas);
+    const Array blas = run_dot(lhs, rhs, d);
+    check_close(blas, eigen, what);
+  };
+  for (int trial = 0; trial < 120; ++trial) {
+    const DotCase c = random_dot(rng, trial % 2 ? 24 : 40);  // mostly above the GEMM size threshold
+    for (DType dt : float_dtypes) {
+      const Array lhs = random_array(rng, {c.lhs, dt}), rhs = random_array(rng, {c.rhs, dt});
+      both(lhs, rhs, c.dims, describe({lhs, rhs}));
+    }
+  }
+  // Every in-place layout cblas sees: row- and column-major operands, leading dims with an outer stride
+  // (batch and free dims interleaved), batches as a loop of calls.
+  const std::int64_t m = 67, k = 45, n = 53;
+  const std::vector<DotCase> layouts{
+      {{m, k}, {k, n}, {{}, {}, {1}, {0}}},
+      {{k, m}, {k, n}, {{}, {}, {0}, {0}}},
+      {{m, k}, {n, k}, {{}, {}, {1}, {1}}},
+      {{k, m}, {n, k}, {{}, {}, {0}, {1}}},
+      {{5, m, k}, {5, k, n}, {{0}, {0}, {2}, {1}}},
+      {{2, 24, 3, 21}, {2, 26, 3, 21}, {{0, 2}, {0, 2}, {3}, {3}}},
+      {{2, 3, 24, 26}, {2, 26, 3, 21}, {{0, 1}, {0, 2}, {3}, {1}}},
+      {{m, 5, 7}, {7, 5, n}, {{}, {}, {1, 2}, {1, 0}}},
+  };
+  for (const auto& c : layouts)
+    for (DType dt : float_dtypes) {
+      const Array lhs = random_array(rng, {c.lhs, dt}), rhs = random_array(rng, {c.rhs, dt});
+      both(lhs, rhs, c.dims, describe({lhs, rhs}));
+      check_close(run_dot(lhs, rhs, c.dims), dot_ref(lhs, rhs, c.dims), describe({lhs, rhs}) + "vs definition");
+    }
+  set_gemm_engine(GemmEngine::blas);
+}
+
+namespace {
+
+// A random elementwise program over x, y (shape s) and a vector b (the last dim of s), with scalar, row
+// and column broadcasts, compare and select, and values used once, twice or as outputs.
+Program random_elementwise(Rng& rng, const Shape& s, DType dt) {
+  Program p("ew");
+  std::vector<ValueId> pool{p.add_input("x", {s, dt}), p.add_input("y", {s, dt})};
+  const ValueId b = p.add_input("b", {{s.back()}, dt});
+  const ValueId c = p.add_input("c", {{s.front()}, dt});
+  auto pick = [&] { return pool[static_cast<std::size_t>(rand_int(rng, 0, static_cast<std::int64_t>(pool.size()) - 1))]; };
+  for (int i = 0; i < 14; ++i) {
+    Attrs a;
+    ValueId v = -1;
+    switch (rand_int(rng, 0, 6)) {
+      case 0: {  // unary on values kept positive where it matters
+        const OpKind kinds[] = {OpKind::neg, OpKind::exp, OpKind::tanh, OpKind::abs};
+        v = p.add(kinds[rand_int(rng, 0, 3)], {pick()});
+        if (p.op(v).kind == OpKind::exp) v = p.add(OpKind::tanh, {v});
+        break;
+      }
+      case 1: case 2: {
+        const OpKind kinds[] = {OpKind::add, OpKind::sub, OpKind::mul, OpKind::max, OpKind::min};
+        v = p.add(kinds[rand_int(rng, 0, 4)], {pick(), pick()});
+        break;
+      }
+      case 3: {  // a broadcast: scalar constant, row b or column c
+        const auto which = rand_int(rng, 0, 2);
+        if (which == 0) {
+          a.literal = {0.5 + static_cast<double>(rand_int(rng, 0, 4))};
+          a.dtype = dt;
+          const ValueId k = p.add(OpKind::constant, {}, a);
+          Attrs bc;
+          bc.shape = s;
+          v = p.add(OpKind::broadcast_in_dim, {k}, bc);
+        } else {
+          Attrs bc;
+          bc.shape = s;
+          bc.dims = {which == 1 ? static_cast<std::int64_t>(s.size()) - 1 : 0};
+          v = p.add(OpKind::broadcast_in_dim, {which == 1 ? b : c}, bc);
+        }
+        v = p.add(OpKind::mul, {v, pick()});
+        break;
+      }
+      case 4: {
+        a.cmp = rand_int(rng, 0, 1) ? CompareDir::gt : CompareDir::eq;
+        v = p.add(OpKind::compare, {pick(), pick()}, a);
+        break;
+      }
+      case 5: {
+        Attrs cmp;
+        cmp.cmp = CompareDir::lt;
+        v = p.add(OpKind::select, {p.add(OpKind::compare, {pick(), pick()}, cmp), pick(), pick()});
+        break;
+      }
+      default: v = p.add(OpKind::rsqrt, {p.add(OpKind::add, {p.add(OpKind::mul, {pick(), pick()}), pick()})}); break;
+    }
+    pool.push_back(v);
+    if (rand_int(rng, 0, 5) == 0) p.add_output("o" + std::to_string(i), v);
+  }
+  p.add_output("last", pool.back());
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("fusion: fused groups give bitwise the unfused results, at every size") {
+  Rng rng(22);
+  int fused_groups = 0, skipped_broadcasts = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const std::int64_t rows = rand_int(rng, 1, 9);
+    const std::int64_t cols = trial % 3 == 0 ? rand_int(rng, 1, 7) : rand_int(rng, 1, 300);  // under a block .. tiles
+    const Shape s{rows, cols};
+    for (DType dt : float_dtypes) {
+      const Program p = random_elementwise(rng, s, dt);
+      const FusionPlan plan = plan_fusion(p);
+      fused_groups += static_cast<int>(plan.groups().size());
+      for (ValueId v = 0; v < p.size(); ++v) skipped_broadcasts += plan.skipped(v) && p.op(v).kind == OpKind::broadcast_in_dim;
+      NamedArrays in{{"x", random_array(rng, {s, dt}, 0.1, 2)}, {"y", random_array(rng, {s, dt}, -2, 2)},
+                     {"b", random_array(rng, {{cols}, dt})}, {"c", random_array(rng, {{rows}, dt})}};
+      const NamedArrays fused = interpret(p, in);
+      set_fusion(false);
+      const NamedArrays plain = interpret(p, in);
+      set_fusion(true);
+      INFO(to_string(p));
+      INFO(to_string(plan));
+      for (const auto& [name, value] : plain) {
+        INFO(name);
+        // NaN-safe bitwise comparison
+        CHECK(std::memcmp(layout::bytes(fused.at(name)), layout::bytes(value),
+                          static_cast<std::size_t>(value.bytes())) == 0);
+      }
+    }
+  }
+  CHECK(fused_groups > 100);
+  CHECK(skipped_broadcasts > 20);
+}
+
+TEST_CASE("fusion: the plan of an MLP train step") {
+  nn::Mlp model{"params/mlp", {8, 16, 8}};
+  const Program step = train_step([&](Tensor x, Tensor y) { return mse(model(x), y); }, SGD{0.01},
+                                  {{"x", {4, 8}}, {"y", {4, 8}}});
+  const FusionPlan plan = plan_fusion(step);
+  INFO(to_string(step));
+  // Bias adds read the bias as a row (/1%n), learning rates and constants as scalars (/1%1); the ReLU
+  // gradient is one loop; every SGD update is one loop over (param, grad).
+  CHECK(to_string(plan) ==
+        "%6 <- add(%3,%4/1%16)\n"
+        "%9 <- max(%6,%7/1%1)\n"
+        "%15 <- add(%11,%12/1%8) sub(%14,%1)\n"
+        "%24 <- mul(%21/1%1,%15) add(%23,%23)\n"
+        "%34 <- compare(%6,%7/1%1) mul(%29/1%1,%28) compare(%6,%7/1%1) add(%32,%31) mul(%26,%33)\n"
+        "%40 <- mul(%37/1%1,%36) sub(%2,%39)\n"
+        "%44 <- mul(%41/1%1,%35) sub(%4,%43)\n"
+        "%48 <- mul(%45/1%1,%27) sub(%10,%47)\n"
+        "%52 <- mul(%49/1%1,%25) sub(%12,%51)\n");
+  for (ValueId v = 0; v < step.size(); ++v)
+    if (step.op(v).kind == OpKind::broadcast_in_dim) CHECK(plan.skipped(v));
+}
+
+TEST_CASE("interpret: a reshape of a dying intermediate takes its buffer, values intact") {
+  Program p("reshape");
+  const ValueId x = p.add_input("x", {{6, 50}});
+  Attrs to;
+  to.shape = {300};
+  const ValueId r = p.add(OpKind::reshape, {p.add(OpKind::exp, {x})}, to);
+  p.add_output("y", p.add(OpKind::neg, {r}));
+  p.add_output("r", r);
+  Rng rng(23);
+  const Array in = random_array(rng, {{6, 50}});
+  const NamedArrays out = interpret(p, {{"x", in}});
+  for (std::int64_t i = 0; i < 300; ++i) {
+    CHECK(out.at("r").at(i) == doctest::Approx(std::exp(in.at(i))).epsilon(1e-6));
+    CHECK(out.at("y").at(i) == -out.at("r").at(i));
+  }
 }

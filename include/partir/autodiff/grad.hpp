@@ -41,8 +41,10 @@ inline std::vector<std::int64_t> kept_dims(std::int64_t rank, const std::vector<
 
 // Gradient of dot_general w.r.t. one operand ("self") from the result's adjoint g and the other operand.
 // g's dims are [batch, lhs free, rhs free]; contracting g's dims of other's free dims with other's free dims
-// (batched alike) gives [batch, self free, self contracting dims ordered as their partners in other], which
-// a transpose puts back into self's dim order.
+// (batched alike) gives dot(g, other) = [batch, self free, self contracting dims ordered as their partners in
+// other], or dot(other, g) = [batch, those contracting dims, self free]. The order that already is self's
+// dim order is emitted (for a matmul's rhs, dot(other, g) is x^T g with no transpose after it); otherwise
+// a transpose puts dot(g, other) back into self's dim order.
 inline Tensor dot_general_vjp(const Tensor& g, const Tensor& other, std::int64_t self_rank,
                               const std::vector<std::int64_t>& self_batch,
                               const std::vector<std::int64_t>& self_contract,
@@ -54,28 +56,34 @@ inline Tensor dot_general_vjp(const Tensor& g, const Tensor& other, std::int64_t
   };
   const auto self_free = free_dims(self_rank, self_batch, self_contract);
   const auto other_free = free_dims(other.rank(), other_batch, other_contract);
-  DotDims d;
-  for (std::size_t i = 0; i < self_batch.size(); ++i) d.lhs_batch.push_back(static_cast<std::int64_t>(i));
-  d.rhs_batch = other_batch;
-  for (std::size_t k = 0; k < other_free.size(); ++k)
-    d.lhs_contract.push_back(g_other_free_start + static_cast<std::int64_t>(k));
-  d.rhs_contract = other_free;
-  Tensor r = dot_general(g, other, std::move(d));
+  std::vector<std::int64_t> g_batch, g_contract;
+  for (std::size_t i = 0; i < self_batch.size(); ++i) g_batch.push_back(static_cast<std::int64_t>(i));
+  for (std::size_t k = 0; k < other_free.size(); ++k) g_contract.push_back(g_other_free_start + static_cast<std::int64_t>(k));
 
   std::vector<std::size_t> by_partner(self_contract.size());
   std::iota(by_partner.begin(), by_partner.end(), std::size_t{0});
   std::sort(by_partner.begin(), by_partner.end(),
             [&](std::size_t a, std::size_t b) { return other_contract[a] < other_contract[b]; });
-  std::vector<std::int64_t> source = self_batch;  // the self dim that each dim of r holds
-  source.insert(source.end(), self_free.begin(), self_free.end());
-  for (auto k : by_partner) source.push_back(self_contract[k]);
-  std::vector<std::int64_t> perm(source.size());
-  bool identity = true;
-  for (std::size_t i = 0; i < source.size(); ++i) {
-    perm[static_cast<std::size_t>(source[i])] = static_cast<std::int64_t>(i);
-    identity = identity && source[i] == static_cast<std::int64_t>(i);
-  }
-  return identity ? r : transpose(r, std::move(perm));
+  std::vector<std::int64_t> contracted;  // self's contracting dims in the order a dot result holds them
+  for (auto k : by_partner) contracted.push_back(self_contract[k]);
+  auto is_identity = [](const std::vector<std::int64_t>& source) {
+    for (std::size_t i = 0; i < source.size(); ++i)
+      if (source[i] != static_cast<std::int64_t>(i)) return false;
+    return true;
+  };
+  std::vector<std::int64_t> g_first = self_batch, other_first = self_batch;  // the self dim each result dim holds
+  g_first.insert(g_first.end(), self_free.begin(), self_free.end());
+  g_first.insert(g_first.end(), contracted.begin(), contracted.end());
+  other_first.insert(other_first.end(), contracted.begin(), contracted.end());
+  other_first.insert(other_first.end(), self_free.begin(), self_free.end());
+  if (!is_identity(g_first) && is_identity(other_first))
+    return dot_general(other, g, DotDims{other_batch, g_batch, other_free, g_contract});
+
+  Tensor r = dot_general(g, other, DotDims{g_batch, other_batch, g_contract, other_free});
+  if (is_identity(g_first)) return r;
+  std::vector<std::int64_t> perm(g_first.size());
+  for (std::size_t i = 0; i < g_first.size(); ++i) perm[static_cast<std::size_t>(g_first[i])] = static_cast<std::int64_t>(i);
+  return transpose(r, std::move(perm));
 }
 
 // Calls accumulate(i, contribution) for each operand i of op v that needs an adjoint, given v's adjoint g.

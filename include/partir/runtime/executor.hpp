@@ -1,11 +1,11 @@
 #pragma once
-// Runs one device's share of an SpmdProgram: local ops on the Eigen kernels, collectives through any
-// Communicator backend, buffers freed by liveness into the thread's buffer cache; records peak bytes and the
-// time of every collective.
+// Runs one device's share of an SpmdProgram: local ops on the CPU kernels (elementwise chains fused, see
+// fusion.hpp), collectives through any Communicator backend, buffers freed by liveness into the thread's
+// buffer cache; records peak bytes and the time of every collective.
 #include <chrono>
 
 #include "partir/runtime/communicator.hpp"
-#include "partir/runtime/kernels.hpp"
+#include "partir/runtime/run_op.hpp"
 #include "partir/runtime/layout.hpp"
 #include "partir/runtime/threads.hpp"
 #include "partir/spmd/spmd_program.hpp"
@@ -125,14 +125,15 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
     resident += p.type(b.value).bytes();
   }
   std::int64_t peak = resident;
-  const auto frees = p.last_uses();
+  const FusionPlan fusion = plan_fusion(p);
+  const auto& frees = fusion.last_uses();
   std::vector<const Array*> operands;
   for (ValueId v = 0; v < p.size(); ++v) {
     const SpmdOp& s = p.op(v);
     auto& slot = owned[static_cast<std::size_t>(v)];
     if (s.op.kind == OpKind::input && !s.collective) {
       if (!values[static_cast<std::size_t>(v)]) internal_error(where + ": input %" + std::to_string(v) + " has no binding");
-    } else {
+    } else if (!fusion.skipped(v)) {
       operands.clear();
       for (auto o : s.op.operands) operands.push_back(values[static_cast<std::size_t>(o)]);
       try {
@@ -145,7 +146,7 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
           const auto rows = (s.op.kind == OpKind::gather ? operands[0]->shape() : s.op.type.shape).at(0);
           slot = detail::row_sharded(s, operands, mesh.position(comm.device(), s.row_shard) * rows);
         } else {
-          slot = eval(s.op, operands);
+          slot = run_op(s.op, fusion.group_at(v), values, owned, frees[static_cast<std::size_t>(v)]);
         }
       } catch (const UserError& e) {
         user_error(where + ": %" + std::to_string(v) + ": " + e.what());

@@ -1,12 +1,12 @@
 #pragma once
-// Runs a whole Program on this host, one kernel per op, freeing every intermediate after its last use (into
-// the thread's buffer cache, for the next ops and runs).
+// Runs a whole Program on this host, one kernel per op or per fused group of elementwise ops (fusion.hpp),
+// freeing every intermediate after its last use (into the thread's buffer cache, for the next ops and runs).
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "partir/ir/program.hpp"
-#include "partir/runtime/kernels.hpp"
+#include "partir/runtime/run_op.hpp"
 
 namespace partir {
 
@@ -40,18 +40,16 @@ NamedArrays interpret(const Program& p, const Inputs& inputs, RunStats* stats = 
   const auto n = static_cast<std::size_t>(p.size());
   std::vector<const Array*> values(n, nullptr);
   std::vector<std::optional<Array>> owned(n);  // intermediates and outputs; inputs stay the caller's
-  const auto frees = last_uses(p);
+  const FusionPlan fusion = plan_fusion(p);
+  const auto& frees = fusion.last_uses();
   std::int64_t peak = resident;
-  std::vector<const Array*> operands;
   for (ValueId v = 0; v < p.size(); ++v) {
     const Op& op = p.op(v);
     if (op.kind == OpKind::input) {
       values[v] = &inputs.find(op.name)->second;
-    } else {
-      operands.clear();
-      for (auto o : op.operands) operands.push_back(values[o]);
+    } else if (!fusion.skipped(v)) {
       try {
-        owned[v] = eval(op, operands);
+        owned[v] = run_op(op, fusion.group_at(v), values, owned, frees[v]);
       } catch (const UserError& e) {
         user_error(where + ": " + p.label(v) + ": " + e.what());
       }

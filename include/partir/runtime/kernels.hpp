@@ -3,7 +3,7 @@
 // (no Eigen Tensor module: it would add seconds of compile time to every translation unit).
 // Float math is instantiated for f32 and f64 only; ops that move, compare or sum data also take i32.
 // Every layout op (broadcast, transpose, slice, pad, concatenate) is one strided copy, and dot_general is
-// a loop of Eigen GEMMs on in-place maps wherever the operand layout allows it.
+// a loop of GEMMs (BLAS or Eigen, see blas.hpp) on the operands in place wherever their layout allows it.
 
 // GCC 12 warns falsely about the _mm512_undefined_* temporaries of its own AVX-512 intrinsics once they are
 // inlined into Eigen's kernels (GCC PR105593). The pragma silences them when this header is the first to
@@ -22,6 +22,7 @@
 
 #include "partir/ir/op.hpp"
 #include "partir/runtime/array.hpp"
+#include "partir/runtime/blas.hpp"
 
 namespace partir {
 
@@ -439,6 +440,7 @@ using MatrixMap =
 template <class T, int LhsOrder, int RhsOrder>
 void batched_gemm(const Shape& batch, const T* lhs, const OperandPlan& l, const T* rhs, const OperandPlan& r, T* out) {
   const MatrixLayout &a = l.matrix, &b = r.matrix;
+  const GemmEngine engine = gemm_engine();
   Strides out_strides = row_major_strides(batch);
   for (auto& s : out_strides) s *= a.rows * b.cols;
   for_each_index<3>(batch, {l.batch_strides, r.batch_strides, out_strides}, [&](const auto& off) {
@@ -446,6 +448,10 @@ void batched_gemm(const Shape& batch, const T* lhs, const OperandPlan& l, const 
     MatrixMap<T, RhsOrder> rm(rhs + off[1], b.rows, b.cols, Eigen::OuterStride<>(b.outer_stride));
     Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> om(out + off[2], a.rows, b.cols);
     if (a.rows + a.cols + b.cols >= 20) {
+      if (engine == GemmEngine::blas &&
+          blas::gemm<T>(a.row_major, b.row_major, a.rows, b.cols, a.cols, lhs + off[0], a.outer_stride, rhs + off[1],
+                        b.outer_stride, out + off[2], b.cols))
+        return;
       om.noalias() = lm * rm;
       return;
     }
@@ -539,6 +545,8 @@ class BufferCache {
   }
   void give(Array&& array) {
     if (array.bytes() < min_bytes) return;  // small blocks: malloc recycles them well
+    const auto held = std::visit([](const auto& v) { return static_cast<std::int64_t>(v.size()); }, array.storage());
+    if (held != array.size()) return;  // a husk whose buffer moved on (a reshape took it)
     bytes_ += array.bytes();
     free_.emplace(std::pair{array.dtype(), array.size()}, Entry{std::move(array.storage()), run_});
   }

@@ -7,10 +7,13 @@
 #endif
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <map>
+#include <optional>
 
 #include "partir/runtime/communicator.hpp"
+#include "partir/runtime/kernel_threads.hpp"
 #include "partir/runtime/malloc_policy.hpp"
 
 namespace partir::mpi {
@@ -52,6 +55,14 @@ class Session {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    // The ranks on this host share its cores (one BLAS thread each when there is a rank per core).
+    MPI_Comm host;
+    int local = 1;
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host) == MPI_SUCCESS) {
+      MPI_Comm_size(host, &local);
+      MPI_Comm_free(&host);
+    }
+    threads_.emplace(thread_budget() / std::max(1, local));
   }
   ~Session() {
     if (owns_) MPI_Finalize();
@@ -64,6 +75,7 @@ class Session {
  private:
   bool owns_ = false;
   int rank_ = 0, size_ = 1;
+  std::optional<KernelThreads> threads_;
 };
 
 class Communicator {

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "partir/runtime/communicator.hpp"
+#include "partir/runtime/kernel_threads.hpp"
 #include "partir/runtime/malloc_policy.hpp"
 
 namespace partir::threads {
@@ -175,6 +176,7 @@ class Communicator {
 template <class Fn>
 void run(int devices, Fn&& fn) {
   World world(devices);
+  const auto threads = KernelThreads::shared_by(devices);  // the devices share the cores
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(devices));
   std::vector<std::thread> pool;
   for (int d = 0; d < devices; ++d)

@@ -5,6 +5,7 @@
 // use (an op's operands and result count together), outputs to the end.
 #include "partir/sim/cost_model.hpp"
 #include "partir/sim/report.hpp"
+#include "partir/runtime/fusion.hpp"
 
 namespace partir {
 
@@ -60,7 +61,10 @@ inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
   for (const auto& b : p.inputs()) resident[kinds[static_cast<std::size_t>(b.value)]] += p.type(b.value).bytes();
   r.inputs = r.peak = resident;
   r.peak_bytes = resident.total();
-  const auto frees = p.last_uses();
+  // Memory as the executor runs it: fused elementwise chains (runtime/fusion.hpp) never hold their inner
+  // values, and a group's inputs live until its root.
+  const FusionPlan fusion = plan_fusion(p);
+  const auto& frees = fusion.last_uses();
 
   double clock = 0;
   std::vector<TensorType> operand_types;
@@ -103,7 +107,7 @@ inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
       clock += t.seconds;
       r.timeline.push_back(std::move(t));
 
-      resident[kinds[static_cast<std::size_t>(v)]] += s.op.type.bytes();
+      if (!fusion.skipped(v)) resident[kinds[static_cast<std::size_t>(v)]] += s.op.type.bytes();
       if (resident.total() > r.peak_bytes) {
         r.peak_bytes = resident.total();
         r.peak = resident;

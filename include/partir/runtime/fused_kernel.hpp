@@ -1,0 +1,138 @@
+#pragma once
+// Runs one fusion group (fusion.hpp) in a single pass: the output is cut into tiles that fit in L1, and each
+// step of the group computes its tile into a small register buffer that the next steps read, so only the
+// group's inputs are read from memory and only its root is written. Every step computes each element with
+// the same fixed-size block code as the op's own kernel (kernels::blockwise), so fused results are bitwise
+// equal to unfused ones and independent of buffer addresses.
+#include <span>
+
+#include "partir/runtime/fusion.hpp"
+#include "partir/runtime/kernels.hpp"
+
+namespace partir {
+
+namespace kernels {
+
+// Fills buf[0, len) with the pattern input's elements i0 .. i0 + len - 1.
+template <class T>
+void load_pattern(const FusedInput& in, const T* x, std::int64_t i0, std::int64_t len, T* buf) {
+  if (in.mod == 1) {
+    std::fill_n(buf, len, x[0]);
+  } else if (in.div == 1) {  // a row repeated
+    for (std::int64_t j = 0; j < len;) {
+      const std::int64_t at = (i0 + j) % in.mod, run = std::min(in.mod - at, len - j);
+      std::copy_n(x + at, run, buf + j);
+      j += run;
+    }
+  } else {  // each element stretched over `div` consecutive outputs
+    for (std::int64_t j = 0; j < len;) {
+      const std::int64_t e = i0 + j, run = std::min(in.div - e % in.div, len - j);
+      std::fill_n(buf + j, run, x[(e / in.div) % in.mod]);
+      j += run;
+    }
+  }
+}
+
+// out[j] = step(args[j]...) for the blocks of a tile of `len` elements (len >= one block; the last block
+// overlaps its neighbour when len is not a multiple of the block: same code, same values).
+template <class T>
+void run_step(const FusedStep& s, std::span<const T* const> a, std::int64_t len, T* out) {
+  constexpr std::int64_t b = block_size<T>;
+  using In = Eigen::Map<const Block<T>>;
+  auto each = [&](auto f) {
+    auto at = [&](std::int64_t j) {
+      if constexpr (std::is_invocable_v<decltype(f), In>) Eigen::Map<Block<T>>(out + j) = f(In(a[0] + j));
+      else if constexpr (std::is_invocable_v<decltype(f), In, In>)
+        Eigen::Map<Block<T>>(out + j) = f(In(a[0] + j), In(a[1] + j));
+      else Eigen::Map<Block<T>>(out + j) = f(In(a[0] + j), In(a[1] + j), In(a[2] + j));
+    };
+    for (std::int64_t j = 0; j + b <= len; j += b) at(j);
+    if (len % b) at(len - b);
+  };
+  switch (s.kind) {
+    case OpKind::neg: each([](const auto& x) { return -x; }); break;
+    case OpKind::exp: each([](const auto& x) { return x.exp(); }); break;
+    case OpKind::log: each([](const auto& x) { return x.log(); }); break;
+    case OpKind::tanh: each([](const auto& x) { return x.tanh(); }); break;
+    case OpKind::rsqrt: each([](const auto& x) { return x.rsqrt(); }); break;
+    case OpKind::sqrt: each([](const auto& x) { return x.sqrt(); }); break;
+    case OpKind::abs: each([](const auto& x) { return x.abs(); }); break;
+    case OpKind::add: each([](const auto& x, const auto& y) { return x + y; }); break;
+    case OpKind::sub: each([](const auto& x, const auto& y) { return x - y; }); break;
+    case OpKind::mul: each([](const auto& x, const auto& y) { return x * y; }); break;
+    case OpKind::div: each([](const auto& x, const auto& y) { return x / y; }); break;
+    case OpKind::max: each([](const auto& x, const auto& y) { return x.max(y); }); break;
+    case OpKind::min: each([](const auto& x, const auto& y) { return x.min(y); }); break;
+    case OpKind::pow: each([](const auto& x, const auto& y) { return x.pow(y); }); break;
+    case OpKind::compare:
+      switch (s.cmp) {
+        case CompareDir::eq: each([](const auto& x, const auto& y) { return (x == y).template cast<T>(); }); break;
+        case CompareDir::ne: each([](const auto& x, const auto& y) { return (x != y).template cast<T>(); }); break;
+        case CompareDir::lt: each([](const auto& x, const auto& y) { return (x < y).template cast<T>(); }); break;
+        case CompareDir::le: each([](const auto& x, const auto& y) { return (x <= y).template cast<T>(); }); break;
+        case CompareDir::gt: each([](const auto& x, const auto& y) { return (x > y).template cast<T>(); }); break;
+        case CompareDir::ge: each([](const auto& x, const auto& y) { return (x >= y).template cast<T>(); }); break;
+      }
+      break;
+    case OpKind::select:
+      each([](const auto& m, const auto& x, const auto& y) { return (m != T(0)).select(x, y); });
+      break;
+    default: internal_error("fused kernel: " + std::string(name_of(s.kind)) + " is not elementwise");
+  }
+}
+
+template <class T>
+void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array& out) {
+  constexpr std::int64_t b = block_size<T>, tile = 32 * b;  // 2 KiB per register
+  const std::int64_t n = out.size();
+  if (n == 0) return;
+  const std::int64_t width = std::max(n, b) < tile ? std::max(n, b) : tile;
+  const std::size_t steps = g.steps.size(), ins = g.inputs.size();
+  std::vector<T> regs(steps * static_cast<std::size_t>(width)), loaded(ins * static_cast<std::size_t>(width));
+  auto reg = [&](std::size_t i) { return regs.data() + i * static_cast<std::size_t>(width); };
+  auto buf = [&](std::size_t i) { return loaded.data() + i * static_cast<std::size_t>(width); };
+  const bool padded = n < b;  // one block with every input padded by its first element, as blockwise does
+  std::vector<const T*> in(ins), args;
+  auto run_tile = [&](std::int64_t i0, std::int64_t len) {
+    for (std::size_t k = 0; k < ins; ++k) {
+      const FusedInput& fi = g.inputs[k];
+      const T* x = ptr<T>(*inputs[k]);
+      if (padded) {
+        load_pattern(fi.mod ? fi : FusedInput{fi.value, 1, n}, x, 0, n, buf(k));
+        std::fill(buf(k) + n, buf(k) + b, buf(k)[0]);
+        in[k] = buf(k);
+      } else if (fi.mod == 0) {
+        in[k] = x + i0;
+      } else if (fi.mod != 1 || i0 == 0) {  // a scalar is loaded once
+        load_pattern(fi, x, i0, len, buf(k));
+        in[k] = buf(k);
+      }
+    }
+    for (std::size_t s = 0; s < steps; ++s) {
+      args.clear();
+      for (int a : g.steps[s].args) args.push_back(a < 0 ? in[static_cast<std::size_t>(-1 - a)] : reg(static_cast<std::size_t>(a)));
+      const bool root = s + 1 == steps;
+      run_step<T>(g.steps[s], args, len, root && !padded ? ptr<T>(out) + i0 : reg(s));
+    }
+    if (padded) std::copy_n(reg(steps - 1), n, ptr<T>(out));
+  };
+  if (padded) return run_tile(0, b);
+  for (std::int64_t i0 = 0; i0 < n; i0 += width) {
+    // A short last tile (under one block) is taken together with the end of the one before it.
+    const std::int64_t len = std::min(width, n - i0);
+    if (len < b) run_tile(n - b, b);
+    else run_tile(i0, len);
+  }
+}
+
+}  // namespace kernels
+
+// The group's result from its inputs' values (one per FusionGroup::inputs entry, in order).
+inline Array eval_fused(const FusionGroup& g, std::span<const Array* const> inputs) {
+  Array out = kernels::buffer_cache().take(g.type);
+  kernels::visit_float_dtype(g.type.dtype, g.steps.back().kind,
+                             [&](auto t) { kernels::run_group<decltype(t)>(g, inputs, out); });
+  return out;
+}
+
+}  // namespace partir

@@ -1,0 +1,271 @@
+#pragma once
+// Elementwise fusion plan: which ops of a program run together in one blocked loop (fused_kernel.hpp)
+// instead of one pass over memory each. A group is a tree of elementwise ops (unary, binary, compare,
+// select) of one float dtype whose inner values each feed exactly one op of the group and nothing else; its
+// root's result is the only buffer it writes. A broadcast_in_dim whose every user is in some group is never
+// materialized: the groups read its operand through an index pattern instead (a scalar, a row repeated, a
+// column stretched). Everything else runs op by op. Pure IR analysis: the executor, the interpreter and the
+// simulator (for memory) all read the same plan.
+//
+// Fused results are bitwise equal to unfused ones: each op still computes every element with the same
+// fixed-size vector code (kernels::blockwise), only without the round trip through memory in between.
+// Set PARTIR_FUSION=0 in the environment (or call set_fusion(false)) to run every op by itself.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <functional>
+#include <optional>
+#include <ranges>
+#include <string>
+#include <vector>
+
+#include "partir/ir/program.hpp"
+#include "partir/spmd/spmd_program.hpp"
+
+namespace partir {
+
+namespace detail {
+inline std::atomic<bool>& fusion_enabled() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("PARTIR_FUSION");
+    return !(v && *v == '0');
+  }()};
+  return on;
+}
+}  // namespace detail
+
+inline bool fusion_enabled() { return detail::fusion_enabled(); }
+// Applies to the plans made afterwards (each run makes its own).
+inline void set_fusion(bool on) { detail::fusion_enabled() = on; }
+
+// A group input: value `value` read at element (i / div) % mod for element i of the group (mod 0: i itself).
+struct FusedInput {
+  ValueId value = -1;
+  std::int64_t div = 1, mod = 0;
+  friend bool operator==(const FusedInput&, const FusedInput&) = default;
+};
+
+// One op of a group. Its arguments are group inputs (arg < 0: input -1 - arg) or earlier steps (arg >= 0).
+struct FusedStep {
+  ValueId value = -1;
+  OpKind kind = OpKind::add;
+  CompareDir cmp = CompareDir::eq;
+  std::vector<int> args;
+  friend bool operator==(const FusedStep&, const FusedStep&) = default;
+};
+
+struct FusionGroup {
+  ValueId root = -1;            // the last step; the group's only result
+  TensorType type;              // of the root
+  std::vector<FusedInput> inputs;
+  std::vector<FusedStep> steps;  // in program order
+};
+
+class FusionPlan {
+ public:
+  // The group whose root is v, or null.
+  const FusionGroup* group_at(ValueId v) const {
+    const int g = root_of_[static_cast<std::size_t>(v)];
+    return g < 0 ? nullptr : &groups_[static_cast<std::size_t>(g)];
+  }
+  // v is computed inside a group (or read through a pattern) and never gets a buffer of its own.
+  bool skipped(ValueId v) const { return skipped_[static_cast<std::size_t>(v)] != 0; }
+  const std::vector<FusionGroup>& groups() const { return groups_; }
+  // As Program::last_uses, with each group's inputs used at its root and skipped values used nowhere.
+  const std::vector<std::vector<ValueId>>& last_uses() const { return last_uses_; }
+
+  // `size` values; op(v) gives each one's Op (its operands count as uses); computed(v) says whether v is
+  // a local computation the plan may fuse (false for inputs, collectives and other special instructions).
+  FusionPlan(std::int64_t size, const std::function<const Op&(ValueId)>& op,
+             const std::function<bool(ValueId)>& computed, const std::vector<ValueId>& outputs, bool fuse);
+
+ private:
+  std::vector<FusionGroup> groups_;
+  std::vector<int> root_of_;
+  std::vector<char> skipped_;
+  std::vector<std::vector<ValueId>> last_uses_;
+};
+
+namespace detail {
+
+inline bool fusable_kind(OpKind k) {
+  return (is_elementwise(k) && k != OpKind::convert) || k == OpKind::compare || k == OpKind::select;
+}
+
+// The index pattern of broadcast_in_dim x -> result, if its element i reads x at (i / div) % mod.
+inline std::optional<FusedInput> broadcast_pattern(const Shape& x, const Op& b) {
+  const Shape& r = b.type.shape;
+  std::int64_t first = -1, last = -1;  // the result dims the operand's non-unit dims land on
+  for (std::size_t j = 0; j < x.size(); ++j) {
+    if (x[j] == 1) continue;
+    const auto d = b.attrs.dims[j];
+    if (r[static_cast<std::size_t>(d)] != x[j]) return std::nullopt;
+    if (first < 0) first = d;
+    else if (d != last + 1) {  // a gap: only unit result dims may sit between
+      for (auto k = last + 1; k < d; ++k)
+        if (r[static_cast<std::size_t>(k)] != 1) return std::nullopt;
+    }
+    last = d;
+  }
+  FusedInput in{b.operands[0], 1, 1};
+  if (first < 0) return in;  // one element
+  for (auto k = last + 1; k < static_cast<std::int64_t>(r.size()); ++k) in.div *= r[static_cast<std::size_t>(k)];
+  in.mod = num_elements(x);
+  return in;
+}
+
+}  // namespace detail
+
+inline FusionPlan::FusionPlan(std::int64_t size, const std::function<const Op&(ValueId)>& op,
+                              const std::function<bool(ValueId)>& computed, const std::vector<ValueId>& outputs,
+                              bool fuse)
+    : root_of_(static_cast<std::size_t>(size), -1), skipped_(static_cast<std::size_t>(size), 0),
+      last_uses_(static_cast<std::size_t>(size)) {
+  const auto n = static_cast<std::size_t>(size);
+  std::vector<char> is_output(n, 0);
+  for (auto o : outputs) is_output[static_cast<std::size_t>(o)] = 1;
+  std::vector<std::vector<ValueId>> users(n);  // distinct consumers, ascending
+  for (ValueId v = 0; v < size; ++v)
+    for (auto o : op(v).operands) {
+      auto& u = users[static_cast<std::size_t>(o)];
+      if (u.empty() || u.back() != v) u.push_back(v);
+    }
+
+  if (fuse) {
+    auto member = [&](ValueId v) {
+      const Op& o = op(v);
+      if (!computed(v) || !detail::fusable_kind(o.kind) || !is_float(o.type.dtype)) return false;
+      for (auto a : o.operands)
+        if (op(a).type.dtype != o.type.dtype || op(a).type.elements() != o.type.elements()) return false;
+      return true;
+    };
+    // Walking backwards, a member joins its only user's group; any other member roots a new one.
+    std::vector<int> group_of(n, -1);
+    int groups = 0;
+    for (ValueId v = size; v-- > 0;) {
+      if (!member(v)) continue;
+      const auto& u = users[static_cast<std::size_t>(v)];
+      const bool joins = u.size() == 1 && !is_output[static_cast<std::size_t>(v)] && group_of[static_cast<std::size_t>(u[0])] >= 0;
+      group_of[static_cast<std::size_t>(v)] = joins ? group_of[static_cast<std::size_t>(u[0])] : groups++;
+    }
+    // Broadcasts read through a pattern: every user is a member and the pattern exists.
+    std::vector<std::optional<FusedInput>> pattern(n);
+    for (ValueId v = 0; v < size; ++v) {
+      const Op& o = op(v);
+      if (!computed(v) || o.kind != OpKind::broadcast_in_dim || is_output[static_cast<std::size_t>(v)] ||
+          users[static_cast<std::size_t>(v)].empty())
+        continue;
+      bool all_members = true;
+      for (auto u : users[static_cast<std::size_t>(v)]) all_members &= group_of[static_cast<std::size_t>(u)] >= 0;
+      if (all_members) pattern[static_cast<std::size_t>(v)] = detail::broadcast_pattern(op(o.operands[0]).type.shape, o);
+    }
+    // Build the groups in program order; a lone op with no pattern input stays a plain op.
+    std::vector<FusionGroup> built(static_cast<std::size_t>(groups));
+    std::vector<int> step_of(n, -1);
+    for (ValueId v = 0; v < size; ++v) {
+      const int g = group_of[static_cast<std::size_t>(v)];
+      if (g < 0) continue;
+      FusionGroup& grp = built[static_cast<std::size_t>(g)];
+      const Op& o = op(v);
+      FusedStep s{v, o.kind, o.attrs.cmp, {}};
+      for (auto a : o.operands) {
+        if (group_of[static_cast<std::size_t>(a)] == g) {
+          s.args.push_back(step_of[static_cast<std::size_t>(a)]);
+          continue;
+        }
+        const FusedInput in = pattern[static_cast<std::size_t>(a)] ? *pattern[static_cast<std::size_t>(a)] : FusedInput{a};
+        auto it = std::find(grp.inputs.begin(), grp.inputs.end(), in);
+        if (it == grp.inputs.end()) it = grp.inputs.insert(grp.inputs.end(), in);
+        s.args.push_back(-1 - static_cast<int>(it - grp.inputs.begin()));
+      }
+      step_of[static_cast<std::size_t>(v)] = static_cast<int>(grp.steps.size());
+      grp.steps.push_back(std::move(s));
+      grp.root = v;
+      grp.type = o.type;
+    }
+    for (auto& grp : std::views::reverse(built)) {  // numbered walking backwards: ascending roots
+      bool patterned = false;
+      for (const auto& in : grp.inputs) patterned |= in.mod != 0;
+      if (grp.steps.size() < 2 && !patterned) continue;  // nothing to gain: the plain kernel runs it
+      for (const auto& s : grp.steps)
+        if (s.value != grp.root) skipped_[static_cast<std::size_t>(s.value)] = 1;
+      root_of_[static_cast<std::size_t>(grp.root)] = static_cast<int>(groups_.size());
+      groups_.push_back(std::move(grp));
+    }
+    // A patterned broadcast is skipped once every user is in a group that was kept; otherwise it is
+    // materialized after all, and the groups read the pattern anyway (same values).
+    for (ValueId v = 0; v < size; ++v) {
+      if (!pattern[static_cast<std::size_t>(v)]) continue;
+      bool all_fused = true;
+      for (auto u : users[static_cast<std::size_t>(v)])
+        all_fused &= skipped_[static_cast<std::size_t>(u)] || root_of_[static_cast<std::size_t>(u)] >= 0;
+      if (all_fused) skipped_[static_cast<std::size_t>(v)] = 1;
+    }
+  }
+
+  // Liveness as run: a group root uses its inputs, a skipped value uses nothing, anything else its operands.
+  std::vector<ValueId> last(n, -1);
+  for (ValueId v = 0; v < size; ++v) {
+    if (skipped(v)) continue;
+    if (const FusionGroup* g = group_at(v))
+      for (const auto& in : g->inputs) last[static_cast<std::size_t>(in.value)] = v;
+    else
+      for (auto o : op(v).operands) last[static_cast<std::size_t>(o)] = v;
+  }
+  for (auto o : outputs) last[static_cast<std::size_t>(o)] = static_cast<ValueId>(size);
+  for (ValueId v = 0; v < size; ++v) {
+    auto& l = last[static_cast<std::size_t>(v)];
+    if (skipped(v)) continue;
+    if (l < 0) l = v;
+    if (l < size) last_uses_[static_cast<std::size_t>(l)].push_back(v);
+  }
+}
+
+// One line per group: "%root = kind(args) ..." with inputs as %value, a broadcast pattern as %value/div%mod.
+inline std::string to_string(const FusionPlan& plan) {
+  std::string s;
+  for (const auto& g : plan.groups()) {
+    s += "%" + std::to_string(g.root) + " <-";
+    for (const auto& step : g.steps) {
+      s += " " + std::string(name_of(step.kind)) + "(";
+      for (std::size_t i = 0; i < step.args.size(); ++i) {
+        const int a = step.args[i];
+        if (i) s += ",";
+        if (a >= 0) {
+          s += "%" + std::to_string(g.steps[static_cast<std::size_t>(a)].value);
+          continue;
+        }
+        const FusedInput& in = g.inputs[static_cast<std::size_t>(-1 - a)];
+        s += "%" + std::to_string(in.value);
+        if (in.mod) s += "/" + std::to_string(in.div) + "%" + std::to_string(in.mod);
+      }
+      s += ")";
+    }
+    s += "\n";
+  }
+  return s;
+}
+
+// The plan for a whole program on one device.
+inline FusionPlan plan_fusion(const Program& p) {
+  std::vector<ValueId> outputs;
+  for (const auto& o : p.outputs()) outputs.push_back(o.value);
+  return FusionPlan(
+      p.size(), [&](ValueId v) -> const Op& { return p.op(v); },
+      [&](ValueId v) { return p.op(v).kind != OpKind::input; }, outputs, fusion_enabled());
+}
+
+// The plan for one device's SpmdProgram: collectives and row-sharded gathers run by themselves.
+inline FusionPlan plan_fusion(const SpmdProgram& p) {
+  std::vector<ValueId> outputs;
+  for (const auto& o : p.outputs()) outputs.push_back(o.value);
+  return FusionPlan(
+      p.size(), [&](ValueId v) -> const Op& { return p.op(v).op; },
+      [&](ValueId v) {
+        const SpmdOp& s = p.op(v);
+        return s.op.kind != OpKind::input && !s.collective && s.row_shard.empty();
+      },
+      outputs, fusion_enabled());
+}
+
+}  // namespace partir
