@@ -26,7 +26,7 @@
 #include <memory>
 #include <ostream>
 #include <random>
-#include <sstream>
+#include <set>
 #include <thread>
 
 #include "partir/sharding/partitioned.hpp"
@@ -192,9 +192,9 @@ class AutoSearch {
  public:
   AutoSearch(const PartitionState& root, std::vector<int> axes, Objective objective, std::int64_t budget_bytes,
              SearchBudget budget, const HardwareProfile& profile)
-      : root_(root), groups_(action_groups(root.program())), axes_(std::move(axes)), objective_(objective),
+      : root_(root), groups_(action_groups(root.program())), objective_(objective),
         budget_bytes_(budget_bytes), budget_(budget), profile_(profile), rng_(budget.seed) {
-    for (int a : axes_)
+    for (int a : axes)
       for (std::size_t g = 0; g < groups_.size(); ++g) {
         const auto rank = root.program().type(groups_[g].members.front()).rank();
         for (std::int64_t d = 0; d < rank; ++d) actions_.push_back({static_cast<int>(g), d, a});
@@ -398,13 +398,13 @@ class AutoSearch {
     for (int depth = 0; depth < budget_.max_actions && !exhausted(); ++depth) {
       const Seen before = *best_;
       std::vector<Plan> children;
-      std::map<std::string, bool> queued;
+      std::set<std::string> queued;
       for (const auto& f : frontier)
         for (int i : valid_actions(f.state)) {
           Plan c{f.sequence, f.state};
           c.sequence.push_back(i);
           apply(c.state, i);
-          if (queued.emplace(key(c.state), true).second) children.push_back(std::move(c));
+          if (queued.insert(key(c.state)).second) children.push_back(std::move(c));
         }
       const auto keys = evaluate(children);
       std::vector<std::size_t> order;
@@ -532,7 +532,6 @@ class AutoSearch {
 
   const PartitionState& root_;
   std::vector<ActionGroup> groups_;
-  std::vector<int> axes_;
   Objective objective_;
   std::int64_t budget_bytes_;
   SearchBudget budget_;
