@@ -142,6 +142,23 @@ TEST_CASE("auto: under a budget that forbids replicated parameters the plan fits
   }
 }
 
+TEST_CASE("auto: under a budget Megatron does not fit, the plan fits and is no slower than ZeRO-3 on model") {
+  for (const auto& m : models()) {
+    CAPTURE(m.label);
+    const Report mp = predict(m.step, m.mesh, {data_parallel("batch"), megatron("model")});
+    const Report z3 = predict(m.step, m.mesh, {data_parallel("batch"), zero3("model")});
+    const std::int64_t budget = (mp.peak_bytes + z3.peak_bytes) / 2;
+    REQUIRE(mp.peak_bytes > budget);
+    for (const SearchBudget& search : {SearchBudget{}, greedy()}) {
+      CAPTURE(name_of(search.strategy));
+      const Report found =
+          predict(m.step, m.mesh, {data_parallel("batch"), auto_on("model", budget, search)});
+      CHECK(found.peak_bytes <= budget);
+      CHECK(found.step_seconds <= z3.step_seconds);
+    }
+  }
+}
+
 TEST_CASE("auto: a budget no plan fits is a user error naming the budget and the best found") {
   const Program step = mlp_step();
   const Mesh mesh{{"batch", 2}, {"model", 2}};

@@ -117,6 +117,7 @@ struct ActionGroup {
   std::vector<ValueId> members;
   std::vector<std::string> selectors;  // the owner's first
   std::string owner;                   // the selector that names the group in reports
+  bool each_first_dim = false;         // the ZeRO-3-like group: every member on its first dim that divides
 };
 
 // params/layers/3/mlp/w1 -> params/layers/*/mlp/w1: the same value in every layer.
@@ -174,6 +175,17 @@ inline std::vector<ActionGroup> action_groups(const Program& p) {
     g.owner = g.selectors.front();
     out.push_back(std::move(g));
   }
+  // Every parameter with its state, each on the first dim that divides (as zero3 does): one action that cuts
+  // the resident model state by the axis size, which a tight memory budget needs and which would take one
+  // action per group otherwise (offered only under a memory budget).
+  ActionGroup all{{}, {}, "every parameter", true};
+  for (const auto& g : out)
+    if (std::any_of(g.members.begin(), g.members.end(), [&](ValueId v) {
+          return p.op(v).kind == OpKind::input && p.op(v).attrs.input_kind == InputKind::parameter;
+        }))
+      all.members.insert(all.members.end(), g.members.begin(), g.members.end());
+  std::sort(all.members.begin(), all.members.end());
+  if (!all.members.empty()) out.push_back(std::move(all));
   return out;
 }
 
@@ -197,22 +209,40 @@ class AutoSearch {
     for (int a : axes)
       for (std::size_t g = 0; g < groups_.size(); ++g) {
         const auto rank = root.program().type(groups_[g].members.front()).rank();
-        for (std::int64_t d = 0; d < rank; ++d) actions_.push_back({static_cast<int>(g), d, a});
+        if (groups_[g].each_first_dim) {
+          // A memory move: offered under a budget only, where it is needed (greedy would otherwise take it
+          // first on a small model and be locked out of Megatron-like plans).
+          if (budget_bytes > 0) actions_.push_back({static_cast<int>(g), -1, a});
+        } else
+          for (std::int64_t d = 0; d < rank; ++d) actions_.push_back({static_cast<int>(g), d, a});
       }
     if (budget_.threads <= 0) budget_.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
 
   // The members of the action's group that can still take its axis at state s, or nullopt if the action cannot
   // apply there (no member free, or a free member whose dim does not divide by its tiles).
-  std::optional<std::vector<ValueId>> free_members(const PartitionState& s, const Action& a) const {
-    std::vector<ValueId> out;
+  // (An action with dim -1 takes each member's first dim that divides, and skips members with none.)
+  std::optional<std::vector<std::pair<ValueId, std::int64_t>>> free_members(const PartitionState& s, const Action& a) const {
+    std::vector<std::pair<ValueId, std::int64_t>> out;
     for (ValueId v : groups_[static_cast<std::size_t>(a.group)].members) {
       const auto& prov = s.provenance(v);
       if (std::any_of(prov.begin(), prov.end(), [&](const Provenance& p) { return p.axis == a.axis; })) continue;
-      AxisList axes = s.sharding(v).dims[static_cast<std::size_t>(a.dim)];
-      axes.push_back(s.mesh().axes()[static_cast<std::size_t>(a.axis)].name);
-      if (s.program().type(v).shape[static_cast<std::size_t>(a.dim)] % tile_count(axes, s.mesh()) != 0) return std::nullopt;
-      out.push_back(v);
+      const Sharding now = s.sharding(v);
+      auto divides = [&](std::int64_t d) {
+        AxisList axes = now.dims[static_cast<std::size_t>(d)];
+        axes.push_back(s.mesh().axes()[static_cast<std::size_t>(a.axis)].name);
+        return s.program().type(v).shape[static_cast<std::size_t>(d)] % tile_count(axes, s.mesh()) == 0;
+      };
+      if (a.dim >= 0) {
+        if (!divides(a.dim)) return std::nullopt;
+        out.emplace_back(v, a.dim);
+      } else {
+        for (std::int64_t d = 0; d < now.rank(); ++d)
+          if (divides(d)) {
+            out.emplace_back(v, d);
+            break;
+          }
+      }
     }
     if (out.empty()) return std::nullopt;
     return out;
@@ -229,7 +259,7 @@ class AutoSearch {
   void apply(PartitionState& s, int i) const {
     const Action& a = actions_[static_cast<std::size_t>(i)];
     if (auto members = free_members(s, a))
-      for (ValueId v : *members) s.tile(v, a.dim, a.axis);
+      for (const auto& [v, d] : *members) s.tile(v, d, a.axis);
     s.propagate();
   }
 
@@ -237,6 +267,12 @@ class AutoSearch {
     const Action& a = actions_[static_cast<std::size_t>(i)];
     const ActionGroup& g = groups_[static_cast<std::size_t>(a.group)];
     ManualPartition m{{}, root_.mesh().axes()[static_cast<std::size_t>(a.axis)].name};
+    if (g.each_first_dim) {  // the members free where the search started, each with its dim
+      for (const auto& [v, d] : free_members(root_, a).value_or(std::vector<std::pair<ValueId, std::int64_t>>{}))
+        m.tiles.push_back({root_.program().op(v).name, d});
+      m.label = "tile every parameter and its state (ZeRO-3-like) on " + m.axis;
+      return m;
+    }
     for (const auto& sel : g.selectors) m.tiles.push_back({sel, a.dim});
     m.label = "tile " + g.owner + ":" + std::to_string(a.dim) +
               (g.selectors.size() > 1 ? " (+" + std::to_string(g.selectors.size() - 1) + " tied)" : "") + " on " + m.axis;
