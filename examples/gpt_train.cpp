@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   const std::string corpus_path = args.get("corpus", PARTIR_GPT_CORPUS, "training text");
   const std::string mesh_text = args.get("mesh", "batch=1", "device mesh, axes major to minor");
   const std::string schedule_text =
-      args.get("schedule", "none", "tactics in order: bp, mp, z2, z3, emb (comma-separated)");
+      args.get("schedule", "none", "tactics in order: bp, mp, z2, z3, emb, auto:model (comma-separated)");
   const std::string backend = args.get("backend", "threads", "threads (one process), mpi (under mpirun) or nccl (one GPU per device)");
   const std::string report = args.get("report", "", "'json' writes a JSON report of the run");
   const std::string report_file = args.get("report-file", "gpt_train_report.json", "where --report json writes");
@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
     const std::string text = gpt::load_corpus(corpus_path, seq);
     const p::Program step = gpt::train_program(model, batch, lr);
     const p::Mesh mesh = p::Mesh::parse(mesh_text);
-    const p::SpmdProgram spmd = p::lower(p::partition(step, mesh, p::parse_schedule(schedule_text)));
+    const p::SpmdProgram spmd = p::lower(examples::partition_and_report(step, mesh, p::parse_schedule(schedule_text)));
     const examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), batch * seq,
                                         report == "json" ? report_file : "",
                                         "gpt_train mesh " + mesh.to_string() + " schedule " + schedule_text +

@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   const long seed = args.get_int("seed", 0, "seed of parameters and data");
   const double lr = args.get_double("lr", 1e-2, "Adam learning rate");
   const std::string mesh_text = args.get("mesh", "batch=1", "device mesh, axes major to minor");
-  const std::string schedule_text = args.get("schedule", "none", "tactics in order: bp, mp, z2, z3 (comma-separated)");
+  const std::string schedule_text = args.get("schedule", "none", "tactics in order: bp, mp, z2, z3, auto:model (comma-separated)");
   const std::string backend = args.get("backend", "threads", "threads (one process), mpi (under mpirun) or nccl (one GPU per device)");
   const std::string report = args.get("report", "", "'json' writes a JSON report of the run");
   const std::string report_file = args.get("report-file", "mlp_train_report.json", "where --report json writes");
@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
     const p::Program step = p::train_step([&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); },
                                           p::Adam{lr}, {{"x", {batch, features}}, {"y", {batch, features}}});
     const p::Mesh mesh = p::Mesh::parse(mesh_text);
-    const p::SpmdProgram spmd = p::lower(p::partition(step, mesh, p::parse_schedule(schedule_text)));
+    const p::SpmdProgram spmd = p::lower(examples::partition_and_report(step, mesh, p::parse_schedule(schedule_text)));
 
     std::mt19937_64 teacher_rng(static_cast<std::uint64_t>(seed) + 1);
     std::normal_distribution<float> normal(0.f, 1.f);

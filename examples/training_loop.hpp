@@ -111,6 +111,17 @@ Trained train(C& comm, const p::Program& step, const p::SpmdProgram& spmd, const
   return {loss, std::move(state)};
 }
 
+// partition() with a --schedule, printing what each automatic tactic (auto:<axis>) chose and why. Once per
+// run: MPI ranks other than 0 (every rank searches, deterministically, to the same plan) stay quiet.
+inline p::Partitioned partition_and_report(const p::Program& step, const p::Mesh& mesh, const p::Schedule& schedule) {
+  p::Partitioned plan = p::partition(step, mesh, schedule);
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (!rank || std::string(rank) == "0")
+    for (const auto& t : schedule)
+      if (const auto* a = t.as<p::AutomaticPartition>(); a && a->report) std::cout << *a->report << std::flush;
+  return plan;
+}
+
 // Runs fn(communicator) on every device of the chosen backend: `devices` threads of this process, or this
 // MPI rank (under mpirun, one rank per device); nccl: one GPU per device, as threads of this process, or
 // as MPI ranks when started by mpirun.

@@ -17,6 +17,7 @@
 // Preconditions: BP needs data inputs; MP and MQ need parameters named as above; Z2/Z3 need an optimizer
 // with state (Adam) and a dim of each tensor divisible by the axis; EMB needs a table. A preset that finds
 // nothing to act on is a UserError naming it.
+#include "partir/tactics/automatic.hpp"
 #include "partir/tactics/manual.hpp"
 #include "partir/tactics/selector.hpp"
 #include "partir/tactics/tactic.hpp"
@@ -138,7 +139,8 @@ inline ManualPartition embedding(std::string axis, std::int64_t dim = 0) {
 inline MultiQuery multi_query(std::string axis) { return {std::move(axis)}; }
 
 // "bp,mp,z3" with BP and ZeRO on `batch_axis` and MP, EMB and MQ on `model_axis` (the examples' --schedule
-// flag).
+// flag). "auto:<axis>" (or "auto", on `model_axis`) is an AutomaticPartition with default settings whose
+// `report` is set, so a caller can print what it chose.
 inline Schedule parse_schedule(std::string_view text, const std::string& batch_axis = "batch",
                                const std::string& model_axis = "model") {
   Schedule out;
@@ -152,9 +154,15 @@ inline Schedule parse_schedule(std::string_view text, const std::string& batch_a
     else if (item == "z3") out.push_back(zero3(batch_axis));
     else if (item == "emb") out.push_back(embedding(model_axis));
     else if (item == "mq") out.push_back(multi_query(model_axis));
+    else if (item == "auto" || item.starts_with("auto:")) {
+      const std::string axis = item == "auto" ? model_axis : std::string(item.substr(5));
+      if (axis.empty()) user_error("schedule '" + std::string(text) + "': 'auto:' needs an axis, as in auto:model");
+      out.push_back(AutomaticPartition{{axis}, Objective::step_time, 0, {}, HardwareProfile::cpu(), {},
+                                       std::make_shared<SearchReport>()});
+    }
     else if (item != "none")
       user_error("schedule '" + std::string(text) + "': unknown tactic '" + std::string(item) +
-                 "' (expected none, bp, mp, z2, z3, emb, mq)");
+                 "' (expected none, bp, mp, z2, z3, emb, mq, auto:<axis>)");
     start = end + 1;
   }
   return out;
