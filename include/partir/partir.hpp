@@ -40,6 +40,7 @@
 #include "partir/runtime/communicator.hpp"
 #include "partir/runtime/threads.hpp"
 #include "partir/runtime/executor.hpp"
+#include "partir/runtime/checkpoint.hpp"
 #include "partir/tactics/presets.hpp"
 #include "partir/sim/json.hpp"
 #include "partir/sim/hardware_profile.hpp"
