@@ -348,3 +348,13 @@ TEST_CASE("catalog: shapes that used to crash, and run-time setup") {
   CHECK_THROWS_WITH_AS(examples::run_on_backend("gpu", 2, argc, argv, nothing),
                        "--backend: expected threads or mpi, got 'gpu'", UserError);
 }
+
+TEST_CASE("catalog: partir's own bugs are InternalErrors, a different type") {
+  // E71 a kernel asked to run an input op (only a broken executor would): not a UserError
+  const Op in{OpKind::input, {}, {}, TensorType{{2}}, "x"};
+  const std::vector<const Array*> none;
+  CHECK_THROWS_WITH_AS(eval(in, none), "partir internal error: eval: input 'x' has no kernel; the caller binds inputs",
+                       InternalError);
+  CHECK_FALSE(std::is_base_of_v<UserError, InternalError>);
+  CHECK_FALSE(std::is_base_of_v<InternalError, UserError>);
+}

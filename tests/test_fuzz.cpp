@@ -4,7 +4,9 @@
 // lower and run on the threads backend with every device's outputs equal to the single-device interpreter's.
 // A failing case is shrunk (tactics dropped, the program cut to its shortest failing prefix) and printed as a
 // program to paste into a test.
-//   PARTIR_FUZZ_CASES=N (default 1000)  PARTIR_FUZZ_SEED=S (default 1)  PARTIR_FUZZ_CASE=I (only case I)
+//   PARTIR_FUZZ_CASES=N (default 2000)  PARTIR_FUZZ_SEED=S (default 1)  PARTIR_FUZZ_CASE=I (only case I)
+//   PARTIR_FUZZ_OPS=K (default 12: up to K+1 ops per program)
+// The long mode is more cases and bigger programs, e.g. PARTIR_FUZZ_CASES=100000 PARTIR_FUZZ_OPS=30.
 #include <doctest/doctest.h>
 
 #include <partir/partir.hpp>
@@ -165,7 +167,7 @@ Program build(const Recipe& r, std::size_t n, std::string* code = nullptr) {
 
 class Generator {
  public:
-  explicit Generator(std::uint64_t seed) : rng_(seed) {}
+  explicit Generator(std::uint64_t seed, int max_ops = 12) : rng_(seed), max_ops_(max_ops) {}
 
   int pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng_); }
   bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
@@ -206,7 +208,7 @@ class Generator {
     }
     int last = new_input(random_shape());
     if (chance(0.5)) last = new_input(random_shape());
-    const int ops = 2 + pick(12);
+    const int ops = 2 + pick(max_ops_);
     for (int k = 0; k < ops; ++k) {
       // Operate mostly on the newest value so programs are deep, not wide.
       int a = chance(0.7) ? last : pick(static_cast<int>(shapes.size()));
@@ -418,6 +420,7 @@ class Generator {
 
  private:
   std::mt19937_64 rng_;
+  int max_ops_;
 };
 
 struct Case {
@@ -507,11 +510,12 @@ Case shrink(Case c) {
   return c;
 }
 
-std::string describe(const Case& c, std::uint64_t seed, long index) {
+std::string describe(const Case& c, std::uint64_t seed, long index, int max_ops) {
   std::string code;
   build(c.recipe, c.steps, &code);
   std::ostringstream os;
-  os << "reproduce: PARTIR_FUZZ_SEED=" << seed << " PARTIR_FUZZ_CASE=" << index << " build/tests/test_fuzz\n"
+  os << "reproduce: PARTIR_FUZZ_SEED=" << seed << " PARTIR_FUZZ_OPS=" << max_ops << " PARTIR_FUZZ_CASE=" << index
+     << " build/tests/test_fuzz\n"
      << "shrunk case: mesh " << c.mesh.to_string() << ", mode "
      << (c.recipe.mode == 0 ? "forward" : c.recipe.mode == 1 ? "value_and_grad(sum(out^2))" : "train_step Adam(sum(out^2))")
      << ", input seed " << c.input_seed << "\n  // program (inside partir::trace)\n"
@@ -530,11 +534,12 @@ long env_long(const char* name, long fallback) {
 
 TEST_CASE("fuzz: random programs and schedules on random meshes match the single-device interpreter") {
   const auto seed = static_cast<std::uint64_t>(env_long("PARTIR_FUZZ_SEED", 1));
-  const long cases = env_long("PARTIR_FUZZ_CASES", 1000);
+  const long cases = env_long("PARTIR_FUZZ_CASES", 2000);
+  const int max_ops = static_cast<int>(std::max(1L, env_long("PARTIR_FUZZ_OPS", 12)));
   const long only = env_long("PARTIR_FUZZ_CASE", -1);
   long run = 0, rejected = 0, failed = 0, collectives = 0;
   for (long i = only >= 0 ? only : 0; i < (only >= 0 ? only + 1 : cases); ++i) {
-    Generator g(seed * 1000003 + static_cast<std::uint64_t>(i));
+    Generator g(seed * 1000003 + static_cast<std::uint64_t>(i), max_ops);
     Case c;
     c.recipe = g.recipe();
     c.steps = c.recipe.steps.size();
@@ -553,7 +558,7 @@ TEST_CASE("fuzz: random programs and schedules on random meshes match the single
     }
     if (why.empty()) continue;
     ++failed;
-    FAIL_CHECK(describe(shrink(c), seed, i));
+    FAIL_CHECK(describe(shrink(c), seed, i, max_ops));
     if (failed >= 3) break;  // the first few shrunk cases say enough
   }
   MESSAGE("fuzz seed " << seed << ": " << run << " cases, " << rejected << " rejected by partition() as user errors, "

@@ -22,8 +22,8 @@ run() {  # run DIR SANITIZER TESTS...
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 if [ "$which" = asan ] || [ "$which" = all ]; then
-  run build-asan address,undefined ir autodiff sharding comm spmd runtime sim transformer errors fuzz
+  run build-asan address,undefined ir autodiff sharding comm spmd runtime sim transformer errors fuzz checkpoint
 fi
 if [ "$which" = tsan ] || [ "$which" = all ]; then
-  run build-tsan thread comm spmd errors fuzz
+  run build-tsan thread comm spmd errors fuzz checkpoint
 fi
