@@ -25,6 +25,13 @@ class Args {
       }
     return fallback;
   }
+  // A flag without a value: true if given.
+  bool get_flag(const std::string& flag, const std::string& help) {
+    help_.push_back("  --" + flag + "  " + help);
+    for (std::size_t i = 0; i < raw_.size(); ++i)
+      if (raw_[i] == "--" + flag) return used_[i] = true;
+    return false;
+  }
   long get_int(const std::string& flag, long fallback, const std::string& help) {
     std::string v = get(flag, std::to_string(fallback), help);
     char* end = nullptr;

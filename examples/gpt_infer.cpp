@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
   const std::string backend = args.get("backend", "threads", "threads (one process), mpi (under mpirun) or nccl (one GPU per device)");
   const std::string report = args.get("report", "", "'json' writes a JSON report of the decoding");
   const std::string report_file = args.get("report-file", "gpt_infer_report.json", "where --report json writes");
+  const examples::CheckpointOptions checkpoint = examples::checkpoint_flags(args);
   args.finish();
 
   try {
@@ -63,7 +64,7 @@ int main(int argc, char** argv) {
     const p::Program next = gpt::next_token_program(model, prompts);
     const p::SpmdProgram decode = p::lower(p::partition(next, mesh, p::parse_schedule(schedule_text)));
     const examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), batch * seq, "",
-                                        "gpt_infer training"};
+                                        "gpt_infer training", checkpoint};
     auto next_batch = [&](long s) { return gpt::batch_at(text, batch, seq, static_cast<std::uint64_t>(seed), s); };
 
     auto run = [&]<p::Communicator C>(C& comm) {

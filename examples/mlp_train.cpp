@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   const std::string backend = args.get("backend", "threads", "threads (one process), mpi (under mpirun) or nccl (one GPU per device)");
   const std::string report = args.get("report", "", "'json' writes a JSON report of the run");
   const std::string report_file = args.get("report-file", "mlp_train_report.json", "where --report json writes");
+  const examples::CheckpointOptions checkpoint = examples::checkpoint_flags(args);
   args.finish();
 
   try {
@@ -57,7 +58,8 @@ int main(int argc, char** argv) {
     };
     examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), batch,
                                   report == "json" ? report_file : "",
-                                  "mlp_train mesh " + mesh.to_string() + " schedule " + schedule_text + " backend " + backend};
+                                  "mlp_train mesh " + mesh.to_string() + " schedule " + schedule_text + " backend " + backend,
+                                  checkpoint};
     if (!report.empty() && report != "json") p::user_error("--report: expected 'json', got '" + report + "'");
 
     examples::run_on_backend(backend, mesh.num_devices(), argc, argv,

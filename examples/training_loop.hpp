@@ -3,6 +3,7 @@
 // own communicator, holds only its shards of the parameters and optimizer state, feeds its piece of each
 // global batch, and carries the updated shards to the next step. Device 0 prints and writes the report.
 #include <partir/partir.hpp>
+#include <partir/runtime/checkpoint.hpp>
 #ifdef PARTIR_EXAMPLES_MPI
 #include <partir/runtime/mpi.hpp>
 #endif
@@ -21,9 +22,27 @@
 #include <iostream>
 #include <sstream>
 
+#include "cli.hpp"
+
 namespace examples {
 
 namespace p = partir;
+
+// --checkpoint DIR [--checkpoint-every N] [--resume]: save the sharded training state every N steps and at
+// the end; with --resume, continue from the latest checkpoint in DIR (onto any mesh and schedule).
+struct CheckpointOptions {
+  std::string dir;  // "" = no checkpoints
+  long every = 0;   // 0 = only after the last step
+  bool resume = false;
+};
+
+inline CheckpointOptions checkpoint_flags(cli::Args& args) {
+  CheckpointOptions c;
+  c.dir = args.get("checkpoint", "", "directory for sharded checkpoints of the training state");
+  c.every = args.get_int("checkpoint-every", 0, "save every N steps (0: after the last step only)");
+  c.resume = args.get_flag("resume", "continue from the latest checkpoint in --checkpoint DIR");
+  return c;
+}
 
 struct LoopOptions {
   long steps = 100;
@@ -31,6 +50,7 @@ struct LoopOptions {
   long tokens_per_step = 0;  // for tokens/s (examples per step for non-sequence models)
   std::string report_file;   // "" = no report
   std::string label;         // mesh, schedule and backend, for the report
+  CheckpointOptions checkpoint = {};
 };
 
 // Makes the global data inputs of step `s` (identical on every device: same seed, same step).
@@ -65,7 +85,21 @@ Trained train(C& comm, const p::Program& step, const p::SpmdProgram& spmd, const
   std::vector<double> step_ms;
   std::int64_t peak = 0;
   double loss = 0;
-  for (long s = 1; s <= o.steps; ++s) {
+  long first = 1;
+  const auto& ck = o.checkpoint;
+  if (ck.resume) {
+    if (ck.dir.empty()) p::user_error("--resume needs --checkpoint DIR");
+    if (p::checkpoint::exists(ck.dir)) {
+      first = p::checkpoint::restore(ck.dir, spmd, comm, state) + 1;
+      if (lead) std::cout << "resumed from " << ck.dir << " at step " << first - 1 << std::endl;
+      if (first > o.steps)
+        p::user_error("--resume: the checkpoint in " + ck.dir + " is at step " + std::to_string(first - 1) +
+                      ", nothing left to run for --steps " + std::to_string(o.steps));
+    } else if (lead) {
+      std::cout << "no checkpoint in " << ck.dir << ": starting at step 1" << std::endl;
+    }
+  }
+  for (long s = first; s <= o.steps; ++s) {
     for (auto& [name, global] : next_batch(s))
       for (const auto& b : spmd.inputs())
         if (b.name == name) state[name] = p::layout::shard(global, b.sharding, spmd.mesh(), device);
@@ -77,6 +111,8 @@ Trained train(C& comm, const p::Program& step, const p::SpmdProgram& spmd, const
     peak = std::max(peak, r.peak_bytes);
     loss = r.outputs.at("loss").at(0);
     p::carry_state(step, state, std::move(r.outputs));
+    if (!ck.dir.empty() && (s == o.steps || (ck.every > 0 && s % ck.every == 0)))
+      p::checkpoint::save(ck.dir, spmd, comm, state, s);
     if (lead)
       std::cout << "step " << s << " loss " << std::setprecision(6) << loss << " ms " << std::setprecision(4) << ms
                 << " tokens/s " << std::setprecision(4) << o.tokens_per_step / (ms / 1e3) << std::endl;
@@ -132,8 +168,10 @@ void run_on_backend(const std::string& backend, std::int64_t devices, int& argc,
   } else if (backend == "mpi") {
 #ifdef PARTIR_EXAMPLES_MPI
     p::mpi::Session session(argc, argv);
-    p::mpi::Communicator c;
-    fn(c);
+    p::mpi::abort_on_error([&] {  // one rank's error must end every rank, not leave them in a collective
+      p::mpi::Communicator c;
+      fn(c);
+    });
 #else
     (void)argc, (void)argv;
     p::user_error("--backend mpi: this build has no MPI (configure with -Dmpi=enabled)");

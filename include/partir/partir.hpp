@@ -41,6 +41,7 @@
 #include "partir/runtime/threads.hpp"
 #include "partir/runtime/executor.hpp"
 #include "partir/tactics/automatic.hpp"
+#include "partir/runtime/checkpoint.hpp"
 #include "partir/tactics/presets.hpp"
 #include "partir/sim/json.hpp"
 #include "partir/sim/hardware_profile.hpp"

@@ -56,7 +56,7 @@ struct Adam {
   ParamUpdate update(Program& p, ValueId param, ValueId grad) const {
     const Tensor w = detail::param_input(p, param, grad, "Adam");
     const Tensor g{p, grad};
-    const std::string& name = p.op(param).name;
+    const std::string name = p.op(param).name;  // a copy: adding the state inputs below may move the ops
     ParamUpdate out;
     const Tensor t = next_step(p, out.state);
     auto state_input = [&](const std::string& state_name) {

@@ -52,6 +52,8 @@ inline Tensor full_like(const Tensor& like, double value) {
 }
 // 0, 1, ..., n-1 along `dim` of `shape`.
 inline Tensor iota(Program& p, Shape shape, std::int64_t dim, DType dtype = DType::f32) {
+  if (dim < 0 || dim >= static_cast<std::int64_t>(shape.size()))
+    user_error("iota: dim " + std::to_string(dim) + " is out of range for shape " + to_string(shape));
   std::vector<double> values(static_cast<std::size_t>(num_elements(shape)));
   std::int64_t inner = 1;
   for (std::size_t d = static_cast<std::size_t>(dim) + 1; d < shape.size(); ++d) inner *= shape[d];
@@ -221,6 +223,9 @@ inline Tensor mean(const Tensor& x, std::vector<std::int64_t> dims = {}, bool ke
 inline Tensor reshape(const Tensor& x, Shape shape) {
   std::int64_t known = 1, infer = -1;
   for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < -1)
+      user_error("reshape: dim " + std::to_string(i) + " of " + to_string(shape) +
+                 " is negative (only -1, inferred from the rest, is allowed)");
     if (shape[i] == -1) {
       if (infer >= 0) user_error("reshape: only one dim of " + to_string(shape) + " may be -1");
       infer = static_cast<std::int64_t>(i);

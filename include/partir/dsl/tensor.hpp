@@ -18,7 +18,13 @@ class Tensor {
   DType dtype() const { return type().dtype; }
   std::int64_t rank() const { return type().rank(); }
   // Size of dim d; negative d counts from the end.
-  std::int64_t dim(std::int64_t d) const { return shape().at(static_cast<std::size_t>(d < 0 ? d + rank() : d)); }
+  std::int64_t dim(std::int64_t d) const {
+    const auto i = d < 0 ? d + rank() : d;
+    if (i < 0 || i >= rank())
+      user_error("Tensor " + to_string(type()) + ": dim " + std::to_string(d) + " is out of range for rank " +
+                 std::to_string(rank()));
+    return shape()[static_cast<std::size_t>(i)];
+  }
 
  private:
   Program* program_;

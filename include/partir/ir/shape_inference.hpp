@@ -101,6 +101,8 @@ inline TensorType infer_type(OpKind kind, std::span<const TensorType> in, const 
     }
     case OpKind::broadcast_in_dim: {
       const auto rank = static_cast<std::int64_t>(a.shape.size());
+      for (auto d : a.shape)
+        if (d < 0) return fail("negative dimension in shape " + to_string(a.shape));
       if (static_cast<std::int64_t>(a.dims.size()) != in[0].rank())
         return fail("dims " + detail::dims_str(a.dims) + " must map each of the " + std::to_string(in[0].rank()) +
                     " operand dims of " + show(0));
@@ -116,6 +118,8 @@ inline TensorType infer_type(OpKind kind, std::span<const TensorType> in, const 
       return {a.shape, in[0].dtype};
     }
     case OpKind::reshape:
+      for (auto d : a.shape)
+        if (d < 0) return fail("negative dimension in shape " + to_string(a.shape));
       if (num_elements(a.shape) != in[0].elements())
         return fail("cannot reshape " + show(0) + " to " + to_string(a.shape) + ": element counts differ");
       return {a.shape, in[0].dtype};
@@ -171,6 +175,8 @@ inline TensorType infer_type(OpKind kind, std::span<const TensorType> in, const 
       if (in[0].dtype != DType::i32) return fail("indices must be i32, got " + show(0));
       Shape expect = in[0].shape;
       if (a.shape.empty()) return fail("result shape must have rank >= 1");
+      for (auto d : a.shape)
+        if (d < 0) return fail("negative dimension in shape " + to_string(a.shape));
       expect.insert(expect.end(), a.shape.begin() + 1, a.shape.end());
       if (in[1].shape != expect)
         return fail("updates " + show(1) + " must have shape " + to_string(expect) + " for indices " + show(0) +

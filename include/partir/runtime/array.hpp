@@ -7,6 +7,7 @@
 #include <variant>
 #include <vector>
 
+#include "partir/error.hpp"
 #include "partir/ir/tensor_type.hpp"
 
 namespace partir {
@@ -17,6 +18,8 @@ class Array {
 
   Array() : Array(TensorType{{}, DType::f32}) {}
   explicit Array(TensorType type) : type_(std::move(type)) {
+    for (auto d : type_.shape)
+      if (d < 0) user_error("Array: negative dimension in shape " + to_string(type_.shape));
     switch (type_.dtype) {
       case DType::f32: data_ = std::vector<float>(static_cast<std::size_t>(type_.elements())); break;
       case DType::f64: data_ = std::vector<double>(static_cast<std::size_t>(type_.elements())); break;

@@ -3,6 +3,7 @@
 // fusion.hpp), collectives through any Communicator backend, buffers freed by liveness into the thread's
 // buffer cache; records peak bytes and the time of every collective.
 #include <chrono>
+#include <cmath>
 
 #include "partir/runtime/communicator.hpp"
 #include "partir/runtime/run_op.hpp"
@@ -15,6 +16,7 @@ namespace partir {
 struct ExecuteOptions {
   bool global_inputs = true;   // inputs are global arrays (each device takes its piece), else local pieces
   bool global_outputs = true;  // outputs are gathered to global arrays on every device, else local pieces
+  bool check_finite = false;   // a NaN or Inf in any input is a UserError naming the input and element
 };
 
 struct DeviceResult {
@@ -68,7 +70,10 @@ Array run_collective(const Collective& c, const Array& in, const TensorType& res
 }
 
 // gather / scatter_add over a table whose rows are tiled: only rows this device holds take part.
-inline Array row_sharded(const SpmdOp& s, std::span<const Array* const> in, std::int64_t first_row) {
+// Every device checks every index against the global row count, so a bad index fails as it does on one
+// device instead of silently reading (or dropping) nothing on each.
+inline Array row_sharded(const SpmdOp& s, std::span<const Array* const> in, std::int64_t first_row,
+                         std::int64_t global_rows) {
   const bool is_gather = s.op.kind == OpKind::gather;
   const Array& indices = *in[is_gather ? 1 : 0];
   const Array& rows_in = *in[is_gather ? 0 : 1];
@@ -76,12 +81,14 @@ inline Array row_sharded(const SpmdOp& s, std::span<const Array* const> in, std:
   const auto table_rows = (is_gather ? rows_in.shape() : out.shape()).at(0);
   const auto row_elems = (is_gather ? rows_in.size() : out.size()) / std::max<std::int64_t>(table_rows, 1);
   auto idx = indices.data<std::int32_t>();
+  TensorType global = is_gather ? rows_in.type() : out.type();
+  global.shape.at(0) = global_rows;
   kernels::visit_dtype(out.dtype(), [&](auto t) {
     using T = decltype(t);
     auto src = rows_in.data<T>();
     auto dst = out.data<T>();
     for (std::size_t i = 0; i < idx.size(); ++i) {
-      const std::int64_t r = idx[i] - first_row;
+      const std::int64_t r = kernels::checked_row(idx[i], global_rows, s.op.kind, global) - first_row;
       if (r < 0 || r >= table_rows) continue;
       for (std::int64_t e = 0; e < row_elems; ++e) {
         if (is_gather) dst[i * row_elems + e] = src[r * row_elems + e];
@@ -90,6 +97,17 @@ inline Array row_sharded(const SpmdOp& s, std::span<const Array* const> in, std:
     }
   });
   return out;
+}
+
+inline void check_finite(const std::string& where, const std::string& name, const Array& a) {
+  if (!is_float(a.dtype())) return;
+  for (std::int64_t i = 0; i < a.size(); ++i) {
+    const double x = a.at(i);
+    if (std::isfinite(x)) continue;
+    user_error(where + ": input '" + name + "' " + to_string(a.type()) + " has a non-finite value (" +
+               (std::isnan(x) ? "nan" : x > 0 ? "inf" : "-inf") + ") at element " + std::to_string(i) +
+               " (check_finite)");
+  }
 }
 
 }  // namespace detail
@@ -119,6 +137,7 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
     if (it->second.type() != expect)
       user_error(where + ": input '" + b.name + "' expects " + to_string(expect) +
                  (options.global_inputs ? "" : " (local piece)") + ", got " + to_string(it->second.type()));
+    if (options.check_finite) detail::check_finite(where, b.name, it->second);
     const auto v = static_cast<std::size_t>(b.value);
     if (options.global_inputs) owned[v] = layout::shard(it->second, b.sharding, mesh, comm.device());
     values[v] = options.global_inputs ? &*owned[v] : &it->second;
@@ -144,7 +163,8 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         } else if (!s.row_shard.empty()) {
           const auto rows = (s.op.kind == OpKind::gather ? operands[0]->shape() : s.op.type.shape).at(0);
-          slot = detail::row_sharded(s, operands, mesh.position(comm.device(), s.row_shard) * rows);
+          slot = detail::row_sharded(s, operands, mesh.position(comm.device(), s.row_shard) * rows,
+                                     rows * tile_count(s.row_shard, mesh));
         } else {
           slot = run_op(s.op, fusion.group_at(v), values, owned, frees[static_cast<std::size_t>(v)]);
         }

@@ -9,6 +9,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <exception>
 #include <map>
 #include <optional>
 
@@ -77,6 +79,22 @@ class Session {
   int rank_ = 0, size_ = 1;
   std::optional<KernelThreads> threads_;
 };
+
+// Runs fn() on this rank. If it throws, prints "error: rank R: <message>" and ends the whole job with
+// MPI_Abort: the other ranks may be blocked in a collective this rank will never join, and MPI offers no
+// way to cancel one, so returning (or MPI_Finalize) would hang them.
+template <class Fn>
+void abort_on_error(Fn&& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    std::fprintf(stderr, "error: rank %d: %s\n", rank, e.what());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+}
 
 class Communicator {
  public:

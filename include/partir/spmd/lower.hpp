@@ -256,6 +256,30 @@ class Lowering {
       got.dims[d] = want.dims[d];
       if (op.kind == OpKind::scatter_add && d == 0) row_shard = want.dims[d];
     }
+    // An operand dim made of several factors (a dim a reshape merges) is tiled in blocks only if its axes fill
+    // the factors major to minor: a minor factor may carry axes only once every more major one is fully
+    // tiled. Tiling the minor factor alone would be a strided layout (found by the fuzzer: [4,6,8] reshaped
+    // to [4,6,2,4] with the 4 tiled). Such result dims are computed whole; their users reslice them.
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (std::size_t i = 0; i < rule.operands.size() && !changed; ++i)
+        for (const auto& factors : rule.operands[i]) {
+          bool open = false;  // a more major factor of this dim is not fully tiled
+          for (int f : factors) {
+            const auto& axes = factor_axes[static_cast<std::size_t>(f)];
+            const auto d = rule.result_dim(f);
+            if (open && !axes.empty() && d >= 0) {
+              for (int g : rule.result[static_cast<std::size_t>(d)]) factor_axes[static_cast<std::size_t>(g)].clear();
+              got.dims[static_cast<std::size_t>(d)].clear();
+              if (op.kind == OpKind::scatter_add && d == 0) row_shard.clear();
+              changed = true;
+              break;
+            }
+            if (tile_count(axes, mesh_) != rule.factors[static_cast<std::size_t>(f)].size) open = true;
+          }
+          if (changed) break;
+        }
+    }
 
     // Partial sums: carried through a linear op, or made by a tiled reduction factor.
     std::vector<Sharding> have;

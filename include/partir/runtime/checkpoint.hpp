@@ -1,0 +1,324 @@
+#pragma once
+// Sharded checkpoints of training state (parameters and optimizer state, with the step count).
+//
+//   DIR/LATEST                 "step-<N>": the last complete checkpoint (replaced atomically)
+//   DIR/step-<N>/shard-<d>.bin device d's pieces, each named, typed and shaped
+//   DIR/step-<N>/manifest.txt  step, mesh, each tensor's global type and sharding, each shard's size and checksum
+//
+// Every file is written to a temporary name, fsynced and renamed, and LATEST is replaced only after every
+// shard and the manifest are on disk: a crash mid-save leaves the previous checkpoint as LATEST. restore()
+// checks each shard against the manifest (missing, truncated or corrupted shards are UserErrors naming the
+// file), assembles every global tensor from the pieces and hands each device its piece under the program's
+// own layout, so a checkpoint restores onto a different mesh or schedule. Every device reads every shard:
+// the directory must be visible to all of them (one host, or a shared file system).
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "partir/runtime/communicator.hpp"
+#include "partir/runtime/layout.hpp"
+#include "partir/spmd/spmd_program.hpp"
+
+namespace partir::checkpoint {
+
+namespace detail {
+
+inline std::uint64_t fnv1a(const std::string& bytes) {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+inline void fsync_path(const std::string& path, bool directory) {
+  const int fd = ::open(path.c_str(), directory ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+  if (fd < 0) user_error("checkpoint: cannot open '" + path + "' to sync it");
+  ::fsync(fd);
+  ::close(fd);
+}
+
+// Writes `bytes` to `path` atomically: a temporary file, fsync, rename, fsync of the directory.
+inline void write_atomically(const std::string& path, const std::string& bytes) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (!out.flush()) user_error("checkpoint: cannot write '" + tmp + "'");
+  }
+  fsync_path(tmp, false);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) user_error("checkpoint: cannot rename '" + tmp + "' to '" + path + "'");
+  fsync_path(std::filesystem::path(path).parent_path().string(), true);
+}
+
+inline std::optional<std::string> read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+inline std::string shape_text(const Shape& s) {
+  if (s.empty()) return "-";
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? "," : "") + std::to_string(s[i]);
+  return out;
+}
+inline Shape parse_shape(const std::string& t) {
+  Shape s;
+  if (t == "-") return s;
+  std::stringstream in(t);
+  for (std::string item; std::getline(in, item, ',');) s.push_back(std::stoll(item));
+  return s;
+}
+// dims separated by ';', axes of a dim by ','; '-' for a replicated dim (and for rank 0).
+inline std::string dims_text(const Sharding& s) {
+  if (s.dims.empty()) return "-";
+  std::string out;
+  for (std::size_t d = 0; d < s.dims.size(); ++d) {
+    out += d ? ";" : "";
+    if (s.dims[d].empty()) out += "-";
+    for (std::size_t a = 0; a < s.dims[d].size(); ++a) out += (a ? "," : "") + s.dims[d][a];
+  }
+  return out;
+}
+inline Sharding parse_dims(const std::string& t, std::int64_t rank) {
+  Sharding s = Sharding::replicated(rank);
+  if (rank == 0) return s;
+  std::stringstream in(t);
+  std::size_t d = 0;
+  for (std::string dim; std::getline(in, dim, ';'); ++d) {
+    if (d >= s.dims.size()) user_error("too many dims in '" + t + "'");
+    if (dim == "-") continue;
+    std::stringstream axes(dim);
+    for (std::string a; std::getline(axes, a, ',');) s.dims[d].push_back(a);
+  }
+  return s;
+}
+
+inline std::string hex(std::uint64_t x) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(x));
+  return buf;
+}
+
+// The inputs a checkpoint holds: parameters and optimizer state (data inputs come from the data pipeline).
+inline bool is_state(const SpmdProgram& p, const Binding& b) {
+  const auto kind = p.op(b.value).op.attrs.input_kind;
+  return kind == InputKind::parameter || kind == InputKind::optimizer_state;
+}
+
+// Copies `piece` (device's tile of a value laid out by `sharding`) into its place in `global`.
+inline void place(const Array& piece, const Sharding& sharding, const Mesh& mesh, std::int64_t device, Array& global) {
+  const auto rank = static_cast<std::size_t>(global.shape().size());
+  std::vector<std::int64_t> offset(rank, 0);
+  for (std::size_t d = 0; d < rank; ++d)
+    if (!sharding.dims[d].empty()) offset[d] = mesh.position(device, sharding.dims[d]) * piece.shape()[d];
+  const auto width = static_cast<std::size_t>(size_of(global.dtype()));
+  const std::int64_t row = rank ? piece.shape()[rank - 1] : 1;  // contiguous run of the piece
+  const std::int64_t rows = row ? piece.size() / row : 0;
+  std::vector<std::int64_t> index(rank, 0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    // index of row r of the piece (all dims but the last)
+    std::int64_t rest = r, at = 0;
+    for (std::size_t d = rank; d-- > 1;) {
+      index[d - 1] = rest % piece.shape()[d - 1];
+      rest /= piece.shape()[d - 1];
+    }
+    for (std::size_t d = 0; d < rank; ++d)
+      at = at * global.shape()[d] + (d + 1 < rank ? index[d] + offset[d] : offset[d]);
+    std::memcpy(layout::bytes(global) + static_cast<std::size_t>(at) * width,
+                layout::bytes(piece) + static_cast<std::size_t>(r * row) * width, static_cast<std::size_t>(row) * width);
+  }
+}
+
+}  // namespace detail
+
+// Saves this device's pieces of the training state in `state` (as the SPMD program lays them out) as step
+// `step`. Collective: every device of the communicator calls it.
+template <Communicator C>
+void save(const std::string& dir, const SpmdProgram& spmd, C& comm, const NamedArrays& state, std::int64_t step) {
+  const std::string name = "step-" + std::to_string(step);
+  const std::string where = dir + "/" + name;
+  std::error_code ec;
+  std::filesystem::create_directories(where, ec);
+  if (!std::filesystem::is_directory(where))
+    user_error("checkpoint: cannot create directory '" + where + "'" + (ec ? ": " + ec.message() : ""));
+
+  std::string shard = "partir-shard 1 step " + std::to_string(step) + " device " + std::to_string(comm.device()) + "\n";
+  for (const auto& b : spmd.inputs()) {
+    if (!detail::is_state(spmd, b)) continue;
+    auto it = state.find(b.name);
+    if (it == state.end()) user_error("checkpoint save: the state has no '" + b.name + "'");
+    const Array& a = it->second;
+    shard += b.name + "\n" + std::string(name_of(a.dtype())) + " " + detail::shape_text(a.shape()) + " " +
+             std::to_string(a.bytes()) + "\n";
+    shard.append(reinterpret_cast<const char*>(layout::bytes(a)), static_cast<std::size_t>(a.bytes()));
+  }
+  detail::write_atomically(where + "/shard-" + std::to_string(comm.device()) + ".bin", shard);
+
+  // Every shard's size and checksum to every device (as i32 halves: collectives carry numeric types).
+  const std::uint64_t sum = detail::fnv1a(shard), size = shard.size();
+  const std::int32_t mine[4] = {static_cast<std::int32_t>(size >> 32), static_cast<std::int32_t>(size & 0xffffffffu),
+                                static_cast<std::int32_t>(sum >> 32), static_cast<std::int32_t>(sum & 0xffffffffu)};
+  const int n = comm.num_devices();
+  std::vector<std::int32_t> all(static_cast<std::size_t>(4 * n));
+  Group world;
+  for (int d = 0; d < n; ++d) world.devices.push_back(d);
+  comm.all_gather(world, mine, all.data(), 4, DType::i32);
+
+  if (comm.device() == 0) {
+    auto u = [&](std::size_t i) { return static_cast<std::uint64_t>(static_cast<std::uint32_t>(all[i])); };
+    std::string mesh;
+    for (const auto& a : spmd.mesh().axes()) mesh += (mesh.empty() ? "" : ",") + a.name + "=" + std::to_string(a.size);
+    std::string manifest = "partir-checkpoint 1\nstep " + std::to_string(step) + "\nmesh " + mesh + "\nprogram " +
+                           spmd.name() + "\n";
+    for (const auto& b : spmd.inputs())
+      if (detail::is_state(spmd, b))
+        manifest += "tensor " + b.name + " " + std::string(name_of(b.global.dtype)) + " " +
+                    detail::shape_text(b.global.shape) + " " + detail::dims_text(b.sharding) + "\n";
+    for (int d = 0; d < n; ++d) {
+      const auto i = static_cast<std::size_t>(4 * d);
+      manifest += "shard " + std::to_string(d) + " " + std::to_string(u(i) << 32 | u(i + 1)) + " " +
+                  detail::hex(u(i + 2) << 32 | u(i + 3)) + "\n";
+    }
+    detail::write_atomically(where + "/manifest.txt", manifest);
+    detail::write_atomically(dir + "/LATEST", name + "\n");  // the commit point
+    for (const auto& entry : std::filesystem::directory_iterator(dir))  // older checkpoints are superseded
+      if (entry.is_directory() && entry.path().filename().string().starts_with("step-") &&
+          entry.path().filename() != name)
+        std::filesystem::remove_all(entry.path(), ec);
+  }
+  comm.barrier();  // no device goes on (or reads the checkpoint) before it is committed
+}
+
+// True if `dir` holds a committed checkpoint.
+inline bool exists(const std::string& dir) { return std::filesystem::exists(dir + "/LATEST"); }
+
+// Every tensor of the latest checkpoint in `dir` as a global array, and its step.
+struct Loaded {
+  std::int64_t step = 0;
+  NamedArrays tensors;
+};
+
+inline Loaded load(const std::string& dir) {
+  const auto latest = detail::read_file(dir + "/LATEST");
+  if (!latest)
+    user_error("checkpoint '" + dir + "': no LATEST file (nothing was saved here, or no save finished)");
+  const std::string name = latest->substr(0, latest->find('\n'));
+  const std::string where = dir + "/" + name;
+  auto fail = [&](const std::string& why) -> Loaded { user_error("checkpoint '" + where + "': " + why); };
+  const auto manifest_text = detail::read_file(where + "/manifest.txt");
+  if (!manifest_text) return fail("manifest.txt is missing (partial checkpoint)");
+
+  Loaded out;
+  std::optional<Mesh> mesh;
+  struct Entry {
+    std::string name;
+    TensorType type;
+    std::string dims;
+  };
+  std::vector<Entry> tensors;
+  std::vector<std::pair<std::uint64_t, std::string>> shards;  // size, checksum
+  std::stringstream lines(*manifest_text);
+  std::string line;
+  if (!std::getline(lines, line) || line != "partir-checkpoint 1")
+    return fail("manifest.txt is not a partir checkpoint manifest (first line '" + line + "')");
+  try {
+    while (std::getline(lines, line)) {
+      std::stringstream f(line);
+      std::string key;
+      f >> key;
+      if (key == "step") {
+        f >> out.step;
+      } else if (key == "mesh") {
+        std::string m;
+        f >> m;
+        mesh = Mesh::parse(m);
+      } else if (key == "tensor") {
+        Entry e;
+        std::string dtype, shape;
+        f >> e.name >> dtype >> shape >> e.dims;
+        e.type = {detail::parse_shape(shape), parse_dtype(dtype)};
+        tensors.push_back(std::move(e));
+      } else if (key == "shard") {
+        std::size_t d = 0;
+        std::uint64_t size = 0;
+        std::string sum;
+        f >> d >> size >> sum;
+        if (d != shards.size()) return fail("manifest.txt lists shard " + std::to_string(d) + " out of order");
+        shards.emplace_back(size, sum);
+      } else if (key != "program" && !key.empty()) {
+        return fail("manifest.txt has an unknown line '" + line + "'");
+      }
+      if (f.fail()) return fail("manifest.txt has a malformed line '" + line + "'");
+    }
+  } catch (const std::logic_error&) {  // std::stoll
+    return fail("manifest.txt has a malformed line '" + line + "'");
+  }
+  if (!mesh) return fail("manifest.txt names no mesh");
+  if (static_cast<std::int64_t>(shards.size()) != mesh->num_devices())
+    return fail("manifest.txt lists " + std::to_string(shards.size()) + " shards for mesh " + mesh->to_string());
+
+  for (const auto& e : tensors) out.tensors.emplace(e.name, Array(e.type));
+  for (std::size_t d = 0; d < shards.size(); ++d) {
+    const std::string file = "shard-" + std::to_string(d) + ".bin";
+    const auto bytes = detail::read_file(where + "/" + file);
+    if (!bytes) return fail(file + " is missing (partial checkpoint)");
+    if (bytes->size() != shards[d].first)
+      return fail(file + " has " + std::to_string(bytes->size()) + " bytes, the manifest says " +
+                  std::to_string(shards[d].first) + " (truncated or partial checkpoint)");
+    if (detail::hex(detail::fnv1a(*bytes)) != shards[d].second)
+      return fail(file + " is corrupted: checksum " + detail::hex(detail::fnv1a(*bytes)) + ", the manifest says " +
+                  shards[d].second);
+    std::size_t at = bytes->find('\n') + 1;
+    if (bytes->compare(0, at, "partir-shard 1 step " + std::to_string(out.step) + " device " + std::to_string(d) + "\n") != 0)
+      return fail(file + " belongs to another step or device");
+    for (const auto& e : tensors) {
+      const auto name_end = bytes->find('\n', at), header_end = bytes->find('\n', name_end + 1);
+      if (header_end == std::string::npos || bytes->compare(at, name_end - at, e.name) != 0)
+        return fail(file + " does not hold '" + e.name + "' where the manifest puts it");
+      std::stringstream header(bytes->substr(name_end + 1, header_end - name_end - 1));
+      std::string dtype, shape;
+      std::int64_t size = 0;
+      header >> dtype >> shape >> size;
+      Array piece(TensorType{detail::parse_shape(shape), parse_dtype(dtype)});
+      at = header_end + 1;
+      if (piece.bytes() != size || at + static_cast<std::size_t>(size) > bytes->size())
+        return fail(file + ": piece of '" + e.name + "' is malformed");
+      std::memcpy(layout::bytes(piece), bytes->data() + at, static_cast<std::size_t>(size));
+      at += static_cast<std::size_t>(size);
+      const Sharding sharding = detail::parse_dims(e.dims, e.type.rank());
+      if (local_shape(e.type, sharding, *mesh) != piece.shape())
+        return fail(file + ": piece of '" + e.name + "' is " + to_string(piece.type()) + ", its layout " +
+                    to_string(e.type, sharding) + " on " + mesh->to_string() + " needs " +
+                    to_string(local_shape(e.type, sharding, *mesh)));
+      detail::place(piece, sharding, *mesh, static_cast<std::int64_t>(d), out.tensors.at(e.name));
+    }
+  }
+  return out;
+}
+
+// Restores the latest checkpoint in `dir` into `state`: this device's piece of every parameter and optimizer
+// state input of `spmd`, laid out as `spmd` wants (any mesh, any schedule). Returns the saved step.
+template <Communicator C>
+std::int64_t restore(const std::string& dir, const SpmdProgram& spmd, C& comm, NamedArrays& state) {
+  const Loaded loaded = load(dir);
+  for (const auto& b : spmd.inputs()) {
+    if (!detail::is_state(spmd, b)) continue;
+    auto it = loaded.tensors.find(b.name);
+    if (it == loaded.tensors.end())
+      user_error("checkpoint '" + dir + "' (step " + std::to_string(loaded.step) + ") has no tensor '" + b.name +
+                 "' that program '" + spmd.name() + "' needs");
+    if (it->second.type() != b.global)
+      user_error("checkpoint '" + dir + "' (step " + std::to_string(loaded.step) + "): tensor '" + b.name + "' is " +
+                 to_string(it->second.type()) + " but program '" + spmd.name() + "' needs " + to_string(b.global));
+    state[b.name] = layout::shard(it->second, b.sharding, spmd.mesh(), comm.device());
+  }
+  return loaded.step;
+}
+
+}  // namespace partir::checkpoint

@@ -1,0 +1,360 @@
+// The bad-input catalog: one check per misuse a user can make, across the DSL, the IR, meshes, tactics,
+// lowering and the runtime. Each checks the exact message and the exception type (UserError for the
+// caller's mistakes; InternalError is reserved for partir's own bugs). Numbered E01.. so the catalog in
+// docs and issue notes can point at them.
+#include <doctest/doctest.h>
+
+#include <partir/partir.hpp>
+
+#include "../examples/training_loop.hpp"  // the examples' backend choice
+
+#include <cmath>
+#include <limits>
+
+using namespace partir;
+
+namespace {
+
+// x [16, 8] -> relu(x @ w1 + b1) @ w2 + b2, w1 [8, 32], w2 [32, 8].
+Program mlp() {
+  nn::Mlp model{"params/mlp", {8, 32, 8}};
+  return trace("mlp", [&](Tensor x) { return model(x); }, {{"x", {16, 8}}});
+}
+
+Program adam_step() {
+  nn::Mlp model{"params/mlp", {8, 32, 8}};
+  return train_step([&](Tensor x, Tensor y) { return mse(model(x), y); }, Adam{1e-2},
+                    {{"x", {16, 8}}, {"y", {16, 8}}});
+}
+
+template <class F>
+Program trace2(F f, Shape a = {4, 6}, Shape b = {6, 4}) {
+  return trace("bad", f, {{"a", std::move(a)}, {"b", std::move(b)}});
+}
+
+NamedArrays inputs_of(const Program& p) { return init_inputs(p, 0, true); }
+
+const Mesh mesh2x2{{"batch", 2}, {"model", 2}};
+
+}  // namespace
+
+TEST_CASE("catalog: DSL and tracing") {
+  // E01 shape mismatch in matmul
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor) { return matmul(a, a); }),
+                       "matmul: cannot multiply f32[4,6] by f32[4,6]: inner dims 6 and 4 differ", UserError);
+  // E02 elementwise shapes that do not broadcast
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor b) { return a + b; }),
+                       "add: shapes [4,6] and [6,4] do not broadcast (dim 0: 4 vs 6)", UserError);
+  // E03 dtype mismatch
+  CHECK_THROWS_WITH_AS(trace("bad", [](Tensor a, Tensor b) { return a + b; }, {{"a", {2}}, {"b", {2}, DType::f64}}),
+                       "add: dtypes differ: f32[2] vs f64[2]", UserError);
+  // E04 reshape to a different element count
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor) { return reshape(a, {5, 5}); }),
+                       "reshape: cannot reshape f32[4,6] to [5,5]: element counts differ", UserError);
+  // E05 two inferred dims in a reshape
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor) { return reshape(a, {-1, -1}); }),
+                       "reshape: only one dim of [-1,-1] may be -1", UserError);
+  // E06 reduction over a dim the tensor lacks
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor) { return sum(a, {2}); }),
+                       "reduce_sum: dim 2 is out of range for rank 2", UserError);
+  // E07 transpose with a repeated dim
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor) { return transpose(a, {1, 1}); }),
+                       "transpose: permutation dim 1 appears twice", UserError);
+  // E08 slice past the end
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor) { return slice(a, {0, 0}, {5, 6}); }),
+                       "slice: bounds [0, 5) of dim 0 are outside f32[4,6]", UserError);
+  // E09 concatenate along an axis whose other dims disagree
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor b) { return concatenate({a, b}, 0); }),
+                       "concatenate: operand 1 f32[6,4] does not fit f32[4,6] along axis 0", UserError);
+  // E10 gather with float indices
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor b) { return gather(a, b); }),
+                       "gather: indices must be i32, got f32[6,4]", UserError);
+  // E11 tensor dim out of range (was std::out_of_range from vector::at)
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor) { return full_like(a, a.dim(2)); }),
+                       "Tensor f32[4,6]: dim 2 is out of range for rank 2", UserError);
+  // E12 an op outside any trace
+  CHECK_THROWS_WITH_AS(input("x", {2}), "input 'x': called outside partir::trace (no program is being traced)",
+                       UserError);
+  // E13 tensors of two traces mixed
+  {
+    Program other("other");
+    Tensor stray(other, other.add_input("s", {{4, 6}}));
+    CHECK_THROWS_WITH_AS(trace2([&](Tensor a, Tensor) { return a + stray; }),
+                         "add: operands belong to different programs (tensors from two traces were mixed)", UserError);
+  }
+  // E14 the function's arity differs from the inputs given
+  CHECK_THROWS_WITH_AS(trace("t", [](Tensor a) { return a; }, {{"a", {1}}, {"b", {1}}}),
+                       "trace: the function takes 1 tensors but 2 inputs were given", UserError);
+  // E15 the same parameter name with two shapes
+  CHECK_THROWS_WITH_AS(trace("t", [](Tensor a) {
+                               Tensor w = param("w", {4}, zeros_init());
+                               return a * w + param("w", {2}, zeros_init());
+                             },
+                             {{"a", {4}}}),
+                       "param 'w': declared as f32[4], used again as f32[2]", UserError);
+  // E16 two inputs with one name
+  CHECK_THROWS_WITH_AS(trace("t", [](Tensor a, Tensor b) { return a + b; }, {{"a", {1}}, {"a", {1}}}),
+                       "input 'a' is declared twice in program 't'", UserError);
+  // E17 a layer fed the wrong feature count
+  CHECK_THROWS_WITH_AS(trace("t", [](Tensor x) { return nn::Linear{"params/l", 5, 3}(x); }, {{"x", {2, 4}}}),
+                       "dense 'params/l/w': input f32[2,4] has 4 features, the layer expects 5", UserError);
+  // E18 cross_entropy with float labels
+  CHECK_THROWS_WITH_AS(trace("t", [](Tensor l, Tensor y) { return cross_entropy(l, y); }, {{"l", {2, 3}}, {"y", {2}}}),
+                       "cross_entropy: labels must be i32 class indices, got f32[2]", UserError);
+  // E19 mse of different shapes
+  CHECK_THROWS_WITH_AS(trace("t", [](Tensor a, Tensor b) { return mse(a, b); }, {{"a", {2, 3}}, {"b", {3, 2}}}),
+                       "mse: prediction f32[2,3] and target f32[3,2] differ in shape", UserError);
+  // E20 unary math on integers
+  CHECK_THROWS_WITH_AS(trace("t", [](Tensor a) { return exp(a); }, {{"a", {2}, DType::i32}}),
+                       "exp: needs a floating-point operand, got i32[2]", UserError);
+  // E21 an Array with the wrong number of values
+  CHECK_THROWS_WITH_AS(Array({2, 2}, std::vector<float>{1, 2, 3}), "Array: 3 values for shape [2,2]", UserError);
+  // E22 an unknown dtype name
+  CHECK_THROWS_WITH_AS(parse_dtype("f16"), "unknown dtype 'f16' (expected f32, f64 or i32)", UserError);
+}
+
+TEST_CASE("catalog: autodiff") {
+  nn::Mlp model{"params/mlp", {8, 8}};
+  // E23 a non-scalar loss
+  CHECK_THROWS_WITH_AS(train_step([&](Tensor x) { return model(x); }, SGD{0.1}, {{"x", {4, 8}}}),
+                       "train_step 'train_step': the loss must be a scalar floating-point value, got f32[4,8]",
+                       UserError);
+  // E24 a loss without parameters
+  CHECK_THROWS_WITH_AS(train_step([&](Tensor x) { return sum(x); }, SGD{0.1}, {{"x", {4, 8}}}),
+                       "train_step 'train_step': the loss function declares no parameters (see param() and nn)",
+                       UserError);
+  // E25 value_and_grad of an output that does not exist
+  CHECK_THROWS_WITH_AS(value_and_grad(mlp(), "loss"), "value_and_grad: program 'mlp' has no output named 'loss'",
+                       UserError);
+}
+
+TEST_CASE("catalog: meshes and shardings") {
+  // E26 axis named twice
+  CHECK_THROWS_WITH_AS(Mesh({{"a", 2}, {"a", 2}}), "mesh {a=2,a=2}: axis 'a' appears twice", UserError);
+  // E27 axis of size 0
+  CHECK_THROWS_WITH_AS(Mesh({{"a", 0}}), "mesh {a=0}: axis 'a' has size 0 (must be at least 1)", UserError);
+  // E28 unparsable mesh text
+  CHECK_THROWS_WITH_AS(Mesh::parse("batch=2,model"),
+                       "mesh 'batch=2,model': expected axes as name=size separated by commas, got 'model'", UserError);
+  // E29 axis not in the mesh
+  CHECK_THROWS_WITH_AS(mesh2x2.axis_index("foo"), "axis 'foo' is not in mesh {batch=2,model=2}", UserError);
+  // E30 device out of range
+  CHECK_THROWS_WITH_AS(mesh2x2.coordinates(4), "mesh {batch=2,model=2}: device 4 is out of range (4 devices)",
+                       UserError);
+  const TensorType t{{6, 4}};
+  // E31 an axis reused on two dims of one value
+  CHECK_THROWS_WITH_AS(validate(Sharding{{{"batch"}, {"batch"}}, {}}, t, mesh2x2, "x"),
+                       "sharding of 'x' f32[6,4]: axis 'batch' is used twice", UserError);
+  // E32 a dim not divisible by its axes
+  CHECK_THROWS_WITH_AS(validate(Sharding{{{"batch", "model"}, {}}, {}}, t, mesh2x2, "x"),
+                       "sharding of 'x' f32[6,4]: dim 0 (size 6) is not divisible by {batch,model} (4 tiles)",
+                       UserError);
+  // E33 a sharding of the wrong rank
+  CHECK_THROWS_WITH_AS(validate(Sharding{{{}}, {}}, t, mesh2x2, "x"), "sharding of 'x' f32[6,4]: 1 dims given for rank 2",
+                       UserError);
+}
+
+TEST_CASE("catalog: tactics and schedules") {
+  const Program prog = mlp();
+  const Tactic bp = ManualPartition{{{"x", 0}}, "batch"};
+  // E34 unknown selector
+  CHECK_THROWS_WITH_AS(partition(prog, mesh2x2, {ManualPartition{{{"params/*/w9", 0}}, "model"}}),
+                       "tactic 1 (tile params/*/w9:0 on model): selector 'params/*/w9' matches no input or tagged "
+                       "value of program 'mlp'",
+                       UserError);
+  // E35 axis not in the mesh
+  CHECK_THROWS_WITH_AS(partition(prog, mesh2x2, {bp, ManualPartition{{{"x", 1}}, "tensor"}}),
+                       "tactic 2 (tile x:1 on tensor): axis 'tensor' is not in mesh {batch=2,model=2}", UserError);
+  // E36 dim out of range
+  CHECK_THROWS_WITH_AS(partition(prog, mesh2x2, {ManualPartition{{{"x", 2}}, "model"}}),
+                       "tactic 1 (tile x:2 on model): dim 2 is out of range for x f32[16,8]", UserError);
+  // E37 non-divisible dim
+  CHECK_THROWS_WITH_AS(partition(prog, Mesh{{"model", 3}}, {ManualPartition{{{"x", 0}}, "model"}}),
+                       "tactic 1 (tile x:0 on model): x dim 0 (size 16) is not divisible by {model} (3 tiles)",
+                       UserError);
+  // E38 one tactic asks for two dims of one value on one axis
+  CHECK_THROWS_WITH_AS(partition(prog, mesh2x2, {ManualPartition{{{"x", 0}, {"x", 1}}, "model"}}),
+                       "tactic 1 (tile x:0,x:1 on model): conflicting requests for x on 'model': dim 0 and dim 1",
+                       UserError);
+  // E39 Replicate with an unknown selector
+  CHECK_THROWS_WITH_AS(partition(prog, mesh2x2, {Replicate{"nothing", "model"}}),
+                       "tactic 1 (replicate nothing on model): selector 'nothing' matches no input or tagged value "
+                       "of program 'mlp'",
+                       UserError);
+  // E40 an axis reused by a later tactic is a recorded conflict, not a silent override
+  {
+    const Partitioned p = partition(prog, mesh2x2, {bp, ManualPartition{{{"x", 1}}, "batch"}});
+    CHECK(p.sharding("x") == Sharding{{{"batch"}, {}}, {}});
+    CHECK(p.conflicts().size() == 1);
+  }
+  // E41 ZeRO without optimizer state
+  CHECK_THROWS_WITH_AS(partition(prog, mesh2x2, {zero2("batch")}),
+                       "tactic 1 (zero2(batch)): program 'mlp' has no optimizer state divisible by axis 'batch' "
+                       "(ZeRO shards optimizer state: use an optimizer with state, such as Adam)",
+                       UserError);
+  // E42 Megatron on a model without Megatron names
+  {
+    const Program lin = trace("lin", [](Tensor x) { return nn::Linear{"params/l", 8, 8}(x); }, {{"x", {4, 8}}});
+    CHECK_THROWS_WITH_AS(partition(lin, mesh2x2, {megatron("model")}),
+                         "tactic 1 (megatron(model)): no parameter of 'lin' has a Megatron name (params/**/w1, w2, "
+                         "wq, wk, wv, wo)",
+                         UserError);
+  }
+  // E43 data parallelism on a program without data inputs
+  {
+    const Program noin = trace("noin", [](const std::vector<Tensor>&) { return param("w", {4}, zeros_init()) * 2.0; }, {});
+    CHECK_THROWS_WITH_AS(partition(noin, mesh2x2, {data_parallel("batch")}),
+                         "tactic 1 (bp(batch)): program 'noin' has no data input to tile", UserError);
+  }
+  // E44 an unknown preset name
+  CHECK_THROWS_WITH_AS(parse_schedule("bp,tp"),
+                       "schedule 'bp,tp': unknown tactic 'tp' (expected none, bp, mp, z2, z3, emb, mq)", UserError);
+  // E45 explain() of a name the program lacks
+  CHECK_THROWS_WITH_AS(explain(partition(prog, mesh2x2, {bp}), "params/mlp/w7"),
+                       "partitioned program 'mlp' has no input, tag or output named 'params/mlp/w7'", UserError);
+}
+
+TEST_CASE("catalog: runtime") {
+  const Program step = adam_step();
+  const SpmdProgram spmd = lower(partition(step, mesh2x2, {data_parallel("batch"), megatron("model")}));
+  NamedArrays good = inputs_of(step);
+  // E46 mesh size different from the number of devices
+  CHECK_THROWS_WITH_AS(threads::run(3, [&](threads::Communicator& c) { execute(spmd, c, good); }),
+                       "execute train_step (device 0): mesh {batch=2,model=2} has 4 devices but the communicator has 3",
+                       UserError);
+  // E47 wrong input shape
+  {
+    NamedArrays bad = good;
+    bad.at("x") = Array(TensorType{{16, 9}});
+    CHECK_THROWS_WITH_AS(execute_on_threads(spmd, bad),
+                         "execute train_step (device 0): input 'x' expects f32[16,8], got f32[16,9]", UserError);
+  }
+  // E48 wrong input dtype
+  {
+    NamedArrays bad = good;
+    bad.at("x") = Array(TensorType{{16, 8}, DType::f64});
+    CHECK_THROWS_WITH_AS(execute_on_threads(spmd, bad),
+                         "execute train_step (device 0): input 'x' expects f32[16,8], got f64[16,8]", UserError);
+  }
+  // E49 missing input
+  {
+    NamedArrays bad = good;
+    bad.erase("y");
+    CHECK_THROWS_WITH_AS(execute_on_threads(spmd, bad), "execute train_step (device 0): missing input 'y'", UserError);
+  }
+  // E50 an input the program does not have
+  {
+    NamedArrays bad = good;
+    bad.emplace("z", Array(TensorType{{1}}));
+    CHECK_THROWS_WITH_AS(execute_on_threads(spmd, bad), "execute train_step (device 0): no input named 'z'", UserError);
+  }
+  // E51 a local piece of the wrong (global) shape
+  CHECK_THROWS_WITH_AS(execute_on_threads(spmd, good, {.global_inputs = false}),
+                       "execute train_step (device 0): input 'x' expects f32[8,8] (local piece), got f32[16,8]",
+                       UserError);
+  // E52 NaN in an input with check_finite on; E53 Inf likewise; off by default (NaN flows through)
+  {
+    NamedArrays bad = good;
+    bad.at("x").set(5, std::numeric_limits<double>::quiet_NaN());
+    CHECK_THROWS_WITH_AS(execute_on_threads(spmd, bad, {.check_finite = true}),
+                         "execute train_step (device 0): input 'x' f32[16,8] has a non-finite value (nan) at element 5 "
+                         "(check_finite)",
+                         UserError);
+    CHECK(std::isnan(execute_on_threads(spmd, bad)[0].outputs.at("loss").at(0)));
+    bad = good;
+    bad.at("params/mlp/w2").set(3, -std::numeric_limits<double>::infinity());
+    CHECK_THROWS_WITH_AS(execute_on_threads(spmd, bad, {.check_finite = true}),
+                         "execute train_step (device 0): input 'params/mlp/w2' f32[32,8] has a non-finite value (-inf) "
+                         "at element 3 (check_finite)",
+                         UserError);
+  }
+  // E54 interpret with a wrong input shape
+  CHECK_THROWS_WITH_AS(interpret(mlp(), NamedArrays{{"x", Array(TensorType{{16, 7}})}}),
+                       "interpret mlp: input 'x' expects f32[16,8], got f32[16,7]", UserError);
+  // E55 an embedding index out of range, single device and with the table's rows sharded (where each device
+  // used to skip the rows it does not hold, so a bad index silently read zeros)
+  {
+    nn::Embedding emb{"params/emb", 8, 4};
+    const Program lookup = trace("lookup", [&](Tensor ids) { return emb(ids); }, {{"ids", {4}, DType::i32}});
+    NamedArrays in = inputs_of(lookup);
+    in.at("ids") = Array({4}, std::vector<std::int32_t>{0, 3, 9, 1});
+    CHECK_THROWS_WITH_AS(interpret(lookup, in),
+                         "interpret lookup: %2: gather: index 9 is out of range [0, 8) of table f32[8,4]", UserError);
+    const SpmdProgram rows = lower(partition(lookup, Mesh{{"model", 2}}, {embedding("model")}));
+    CHECK_THROWS_WITH_AS(execute_on_threads(rows, in),
+                         "execute lookup (device 0): %2: gather: index 9 is out of range [0, 8) of table f32[8,4]", UserError);
+  }
+  // E56 carry_state with a step output missing
+  {
+    NamedArrays state = good;
+    CHECK_THROWS_WITH_AS(carry_state(step, state, {}), "carry_state: output 'params/mlp/w1' is missing", UserError);
+  }
+  // E57 a threads world of no devices
+  CHECK_THROWS_WITH_AS(threads::World(0), "threads::World: needs at least 1 device, got 0", UserError);
+  // E58 one device failing does not hang the others in a collective: its error is the one reported
+  CHECK_THROWS_WITH_AS(threads::run(4, [&](threads::Communicator& c) {
+                         NamedArrays mine = good;
+                         if (c.device() == 2) mine.at("x") = Array(TensorType{{16, 9}});
+                         execute(spmd, c, mine);
+                       }),
+                       "execute train_step (device 2): input 'x' expects f32[16,8], got f32[16,9]", UserError);
+}
+
+TEST_CASE("catalog: shapes that used to crash, and run-time setup") {
+  // E59 reshape to negative dims whose product matches (was accepted, then a negative-size buffer)
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor) { return reshape(a, {-2, -12}); }),
+                       "reshape: dim 0 of [-2,-12] is negative (only -1, inferred from the rest, is allowed)",
+                       UserError);
+  // E60 the same through the IR builder
+  {
+    Program p("ir");
+    const ValueId x = p.add_input("x", {{4, 6}});
+    Attrs a;
+    a.shape = {-4, -6};
+    CHECK_THROWS_WITH_AS(p.add(OpKind::reshape, {x}, a), "reshape: negative dimension in shape [-4,-6]", UserError);
+  }
+  // E61 iota along a dim the shape lacks (was std::out_of_range)
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor) { return a + iota(a.program(), {4, 6}, 2); }),
+                       "iota: dim 2 is out of range for shape [4,6]", UserError);
+  // E62 an Array of negative size (was a length_error from the allocator)
+  CHECK_THROWS_WITH_AS(Array(TensorType{{2, -1}}), "Array: negative dimension in shape [2,-1]", UserError);
+  // E63 softmax over an axis the tensor lacks
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor) { return softmax(a, 2); }),
+                       "reduce_max: dim 2 is out of range for rank 2", UserError);
+  // E64 a constant with the wrong number of values
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor) { return a + constant(a.program(), {1, 2, 3}, {4, 6}); }),
+                       "constant: literal has 3 values for shape [4,6]", UserError);
+  // E65 broadcast to an incompatible shape
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor) { return broadcast_to(a, {4, 5}); }),
+                       "broadcast: cannot broadcast f32[4,6] to [4,5]", UserError);
+  // E66 tagging an input
+  CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor) { return tag(a, "h"); }), "tag 'h': input 'a' already has a name",
+                       UserError);
+  // E67 value_and_grad with respect to an input the program lacks
+  CHECK_THROWS_WITH_AS(value_and_grad(adam_step(), "loss", {"params/none"}),
+                       "value_and_grad: program 'train_step' has no input named 'params/none'", UserError);
+  // E68 an empty mesh description
+  CHECK_THROWS_WITH_AS(Mesh::parse(""), "mesh '': expected axes as name=size separated by commas, got ''", UserError);
+  // E69 a hardware profile file that does not exist
+  CHECK_THROWS_WITH_AS(HardwareProfile::load("/nonexistent/profile.json"),
+                       "hardware profile /nonexistent/profile.json: cannot open '/nonexistent/profile.json' for reading",
+                       UserError);
+  // E70 the MPI backend asked of a build without MPI, and an unknown backend (the examples' --backend)
+  int argc = 0;
+  char** argv = nullptr;
+  auto nothing = [](auto&) {};
+  CHECK_THROWS_WITH_AS(examples::run_on_backend("mpi", 2, argc, argv, nothing),
+                       "--backend mpi: this build has no MPI (configure with -Dmpi=enabled)", UserError);
+  CHECK_THROWS_WITH_AS(examples::run_on_backend("gpu", 2, argc, argv, nothing),
+                       "--backend: expected threads or mpi, got 'gpu'", UserError);
+}
+
+TEST_CASE("catalog: partir's own bugs are InternalErrors, a different type") {
+  // E71 a kernel asked to run an input op (only a broken executor would): not a UserError
+  const Op in{OpKind::input, {}, {}, TensorType{{2}}, "x"};
+  const std::vector<const Array*> none;
+  CHECK_THROWS_WITH_AS(eval(in, none), "partir internal error: eval: input 'x' has no kernel; the caller binds inputs",
+                       InternalError);
+  CHECK_FALSE(std::is_base_of_v<UserError, InternalError>);
+  CHECK_FALSE(std::is_base_of_v<InternalError, UserError>);
+}

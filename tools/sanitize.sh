@@ -1,0 +1,29 @@
+#!/bin/sh
+# Sanitizer runs: ASan + UBSan over the unit tests, TSan over the tests that drive the threads backend.
+# Builds only those tests (in build-asan/ and build-tsan/); MPI and the examples are left out.
+#   tools/sanitize.sh [asan|tsan|all]     (default all)
+set -eu
+cd "$(dirname "$0")/.."
+which=${1:-all}
+common="-Dexamples=false -Dbench=false -Dmpi=disabled -Dnccl=disabled"
+# The fuzzer runs fewer cases here: the sanitizers make each case ~10x slower.
+export PARTIR_FUZZ_CASES=${PARTIR_FUZZ_CASES:-200}
+
+run() {  # run DIR SANITIZER TESTS...
+  dir=$1 sanitizer=$2
+  shift 2
+  [ -d "$dir" ] || meson setup "$dir" -Db_sanitize="$sanitizer" $common
+  targets=""
+  for t in "$@"; do targets="$targets tests/test_$t"; done
+  ninja -C "$dir" $targets
+  meson test -C "$dir" --no-rebuild --print-errorlogs "$@"
+}
+
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+if [ "$which" = asan ] || [ "$which" = all ]; then
+  run build-asan address,undefined ir autodiff sharding comm spmd runtime sim transformer errors fuzz checkpoint
+fi
+if [ "$which" = tsan ] || [ "$which" = all ]; then
+  run build-tsan thread comm spmd errors fuzz checkpoint
+fi
