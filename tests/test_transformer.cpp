@@ -6,6 +6,7 @@
 
 #include <partir/partir.hpp>
 
+#include <algorithm>
 #include <random>
 
 using namespace partir;
@@ -50,6 +51,21 @@ std::int64_t parameter_bytes(const Program& p) {
   std::int64_t total = 0;
   for (auto v : parameters(p)) total += p.type(v).bytes();
   return total;
+}
+
+// The parameters the loss's backward pass reads (a weight, for its input's gradient; not the optimizer's
+// update, which reads the parameter's own shard): ZeRO-3 gathers these a second time.
+std::vector<ValueId> read_by_backward(const nn::GptConfig& c) {
+  Program p = forward(c);
+  grad(p, p.outputs().at(0).value, parameters(p));
+  std::vector<ValueId> out;
+  for (auto v : parameters(p))
+    for (ValueId u = p.backward_start().value(); u < p.size(); ++u)
+      if (std::ranges::count(p.op(u).operands, v) > 0) {
+        out.push_back(v);
+        break;
+      }
+  return out;
 }
 
 // Communicating collectives by kind and axes ("all_reduce{model}"); scalars (the loss) apart, all_slice
@@ -231,18 +247,25 @@ TEST_CASE("plan: BP all-reduces each parameter's gradient once, and the loss") {
   CHECK(bytes(spmd, CK::all_reduce, {"batch"}) == parameter_bytes(step) + 4);  // + the f32 loss
 }
 
-TEST_CASE("plan: ZeRO-3 all-gathers each parameter once and reduce-scatters its gradient") {
+TEST_CASE("plan: ZeRO-3 all-gathers each parameter per pass that reads it and reduce-scatters its gradient") {
   const Program step = train(small(2));
   const auto P = static_cast<int>(parameters(step).size());
+  const Program loss = forward(small(2));
+  const std::vector<ValueId> reread = read_by_backward(small(2));
+  const auto R = static_cast<int>(reread.size());
+  std::int64_t reread_bytes = 0;
+  for (auto v : reread) reread_bytes += loss.type(v).bytes();
   const Schedule schedule{data_parallel("batch"), zero3("batch")};
   const SpmdProgram fwd = lower(partition(forward(small(2)), Mesh{{"batch", 4}}, schedule));
   CHECK(plan(fwd) == std::map<std::string, int>{{"all_gather{batch}", P}});
-  // The backward pass reuses the forward's gathered parameter (lowering shares one reshard per value and
-  // layout), so each parameter is gathered once per step, not twice as in the ZeRO paper.
+  // As in the ZeRO paper, the backward pass gathers what it reads again instead of holding the forward's
+  // copy: the matmul weights, LayerNorm gains and the tied table, not the biases or the position table.
+  CHECK(R > 0);
+  CHECK(R < P);
   const SpmdProgram spmd = lower(partition(step, Mesh{{"batch", 4}}, schedule));
-  CHECK(plan(spmd) == std::map<std::string, int>{{"all_gather{batch}", P}, {"reduce_scatter{batch}", P}});
+  CHECK(plan(spmd) == std::map<std::string, int>{{"all_gather{batch}", P + R}, {"reduce_scatter{batch}", P}});
   CHECK(plan(spmd, true) == std::map<std::string, int>{{"all_reduce{batch}", 1}});
-  CHECK(bytes(spmd, CK::all_gather, {"batch"}) == parameter_bytes(step));
+  CHECK(bytes(spmd, CK::all_gather, {"batch"}) == parameter_bytes(step) + reread_bytes);
   CHECK(bytes(spmd, CK::reduce_scatter, {"batch"}) == parameter_bytes(step));
   for (auto v : parameters(step)) CHECK(input_layout(spmd, step.op(v).name).dims[0] == AxisList{"batch"});
 }
@@ -252,6 +275,7 @@ TEST_CASE("plan: compositions on a 2x2 mesh add their parts") {
   const nn::GptConfig c = small(2);
   const Program step = train(c);
   const auto P = static_cast<int>(parameters(step).size());
+  const auto R = static_cast<int>(read_by_backward(c).size());  // gathered again for the backward pass
   const int L = 2;
   SUBCASE("bp,mp: BP's gradient all_reduces on batch, Megatron's on model") {
     const SpmdProgram spmd = lower(partition(step, mesh, parse_schedule("bp,mp")));
@@ -261,20 +285,20 @@ TEST_CASE("plan: compositions on a 2x2 mesh add their parts") {
   SUBCASE("bp,mp,z3: ZeRO-3 on batch replaces the gradient all_reduces") {
     const SpmdProgram spmd = lower(partition(step, mesh, parse_schedule("bp,mp,z3")));
     CHECK(plan(spmd) == std::map<std::string, int>{
-                            {"all_gather{batch}", P}, {"reduce_scatter{batch}", P}, {"all_reduce{model}", 4 * L}});
+                            {"all_gather{batch}", P + R}, {"reduce_scatter{batch}", P}, {"all_reduce{model}", 4 * L}});
   }
   SUBCASE("bp,mp,z3,emb: the vocab-tiled table adds one all_reduce for the lookup") {
     // z3 put 'batch' on the table's vocab dim before emb appended 'model', so the table is [V{batch,model}, D]:
     // - forward: the lookup wants rows on 'model' alone: all_gather{batch,model} then a local slice (batch
     //   being major, it cannot be gathered alone); the lookup is a partial sum over model: all_reduce{model};
     //   the tied head wants the table whole (its vocab dim cannot take 'batch', which the logits' batch dim
-    //   holds), a second all_gather{batch,model};
+    //   holds), a second all_gather{batch,model}, and a third for the head's backward pass;
     // - backward: the table's gradient (lookup + head) is all_reduced on batch, then sliced on
     //   {batch,model}, since 'model' cannot propagate into it below 'batch'; the other P - 1 parameters are
-    //   gathered once and reduce-scattered as under bp,mp,z3.
+    //   gathered per pass and reduce-scattered as under bp,mp,z3.
     const SpmdProgram spmd = lower(partition(step, mesh, parse_schedule("bp,mp,z3,emb")));
-    CHECK(plan(spmd) == std::map<std::string, int>{{"all_gather{batch,model}", 2},
-                                                   {"all_gather{batch}", P - 1},
+    CHECK(plan(spmd) == std::map<std::string, int>{{"all_gather{batch,model}", 3},
+                                                   {"all_gather{batch}", P - 1 + R - 1},
                                                    {"all_reduce{batch}", 1},
                                                    {"reduce_scatter{batch}", P},
                                                    {"all_reduce{model}", 4 * L + 1}});
@@ -286,7 +310,7 @@ TEST_CASE("plan: compositions on a 2x2 mesh add their parts") {
     // all_reduce of sum(exp) [B,S,1]; backward adds 4 all_reduces: the head's input gradient [B,S,D] and three
     // per-position sums of the loss gradient; the scalar loss is a partial sum over batch and model.
     const SpmdProgram spmd = lower(partition(step, mesh, parse_schedule("bp,mp,emb,z3")));
-    CHECK(plan(spmd) == std::map<std::string, int>{{"all_gather{batch}", P},
+    CHECK(plan(spmd) == std::map<std::string, int>{{"all_gather{batch}", P + R},
                                                    {"all_gather{model}", 1},
                                                    {"reduce_scatter{batch}", P},
                                                    {"all_reduce{model}", 4 * L + 6}});
@@ -299,6 +323,7 @@ TEST_CASE("plan: compositions on a 2x2x2 mesh, data parallel over two axes") {
   const Mesh cube{{"pod", 2}, {"batch", 2}, {"model", 2}};
   const Program step = train(small(2));
   const auto P = static_cast<int>(parameters(step).size());
+  const auto R = static_cast<int>(read_by_backward(small(2)).size());
   const int L = 2;
   const Schedule bp_mp{data_parallel("pod"), data_parallel("batch"), megatron("model")};
   SUBCASE("bp,mp: one gradient all_reduce over both data axes per parameter") {
@@ -310,7 +335,7 @@ TEST_CASE("plan: compositions on a 2x2x2 mesh, data parallel over two axes") {
     Schedule schedule = bp_mp;
     schedule.push_back(zero3("batch"));
     const SpmdProgram spmd = lower(partition(step, cube, schedule));
-    CHECK(plan(spmd) == std::map<std::string, int>{{"all_gather{batch}", P},
+    CHECK(plan(spmd) == std::map<std::string, int>{{"all_gather{batch}", P + R},
                                                    {"reduce_scatter{batch}", P},
                                                    {"all_reduce{pod}", P},
                                                    {"all_reduce{model}", 4 * L}});

@@ -275,6 +275,7 @@ inline std::vector<ValueId> grad(Program& p, ValueId loss, const std::vector<Val
   }
 
   std::vector<std::optional<ValueId>> adjoint(n);
+  p.mark_backward_start(p.size());
   if (needs[static_cast<std::size_t>(loss)]) adjoint.back() = constant(p, 1.0, {}, p.type(loss).dtype).id();
   // Every use of v comes after v, so v's adjoint is complete when the reverse walk reaches it.
   for (ValueId v = loss; v >= 0; --v) {

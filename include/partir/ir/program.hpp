@@ -113,10 +113,18 @@ class Program {
     return n.empty() ? "%" + std::to_string(v) : n;
   }
 
+  // Where the backward pass begins (set by grad): ops from here on run after the loss. Lowering gathers a
+  // sharded parameter again for them instead of keeping the forward pass's copy alive (ZeRO-3's schedule).
+  void mark_backward_start(ValueId first) {
+    if (!backward_start_) backward_start_ = first;
+  }
+  std::optional<ValueId> backward_start() const { return backward_start_; }
+
   friend bool operator==(const Program&, const Program&) = default;
 
  private:
   std::string name_;
+  std::optional<ValueId> backward_start_;
   std::vector<Op> ops_;
   std::vector<ValueId> inputs_;
   std::vector<Output> outputs_;

@@ -10,7 +10,9 @@
 //   4. the remaining axes to add: all_slice.
 // A partial sum stays partial through a linear op only if that op is its one use; a partial sum with several
 // uses is reduced once where it is made (a gradient feeding Adam's m and v is all-reduced once, not twice).
-// Reshards are cached per (value, layout), so two uses wanting the same layout share one collective.
+// Reshards are cached per (value, layout), so two uses wanting the same layout share one collective; a
+// parameter's reshards are cached per pass, so the backward pass gathers a ZeRO-3 parameter again instead of
+// holding the forward pass's gathered copy through it (as the ZeRO paper schedules it: 1.5x DP's bytes).
 // Where the result's sharding cannot be computed locally (an axis straddling a reshape's factors, a tiled
 // dim a slice or concatenate changes), the op runs with those axes replicated and later uses reshard.
 #include <map>
@@ -34,7 +36,11 @@ class Lowering {
   }
 
   SpmdProgram run() {
-    for (ValueId v = 0; v < prog_.size(); ++v) lower_op(v);
+    const ValueId backward = prog_.backward_start().value_or(prog_.size());
+    for (ValueId v = 0; v < prog_.size(); ++v) {
+      in_backward_pass_ = v >= backward;
+      lower_op(v);
+    }
     for (const auto& o : prog_.outputs()) {
       Sharding target = layout_of(local_[static_cast<std::size_t>(o.value)]);
       target.partial.clear();  // outputs are whole values: resolve partial sums
@@ -98,7 +104,9 @@ class Lowering {
     const ValueId start = local_[static_cast<std::size_t>(value)];
     Sharding cur = layout_of(start);
     if (cur == to) return start;
-    const std::string key = std::to_string(value) + " " + to_string(to);
+    std::string key = std::to_string(value) + " " + to_string(to);
+    if (prog_.op(value).kind == OpKind::input && prog_.op(value).attrs.input_kind == InputKind::parameter)
+      key += in_backward_pass_ ? " backward" : " forward";
     if (auto it = reshards_.find(key); it != reshards_.end()) return it->second;
     for (const auto& p : to.partial)
       if (!cur.is_partial(p))
@@ -365,6 +373,7 @@ class Lowering {
   std::map<std::string, ValueId> reshards_;
   std::vector<int> uses_;  // of each global value
   std::vector<std::vector<ValueId>> users_;
+  bool in_backward_pass_ = false;  // of the op being lowered (outputs: as the last op)
 };
 
 }  // namespace detail
