@@ -122,6 +122,17 @@ class Lowering {
     AxisList reduce;
     for (const auto& p : cur.partial)
       if (!to.is_partial(p)) reduce.push_back(p);
+    // A partial sum is reduced once: a second use that wants it whole in another layout starts from the first
+    // reduction and only moves data. Two different reductions (reduce_scatter here, all_reduce there) would
+    // round differently, and `x == max(x)` in reduce_max's gradient could then match nothing (0/0, found by
+    // the fuzzer).
+    if (!reduce.empty() && to.partial.empty())
+      if (auto it = resolved_.find(value); it != resolved_.end()) {
+        x = it->second;
+        cur = layout_of(x);
+        reduce.clear();
+      }
+    const bool resolving = !reduce.empty() && to.partial.empty();
     for (std::size_t d = 0; d < to.dims.size() && !reduce.empty(); ++d) {
       if (!prefix(cur.dims[d], to.dims[d])) continue;
       AxisList scatter;
@@ -142,6 +153,7 @@ class Lowering {
       for (const auto& a : reduce) cur.partial.erase(std::find(cur.partial.begin(), cur.partial.end(), a));
       x = step(x, global, {CollectiveKind::all_reduce, reduce, -1, -1, why}, cur);
     }
+    if (resolving) resolved_[value] = x;
     // 2. slices of axes the value does not use yet
     for (std::size_t d = 0; d < to.dims.size(); ++d) {
       if (!prefix(cur.dims[d], to.dims[d])) continue;
@@ -371,6 +383,7 @@ class Lowering {
   std::vector<ValueId> local_;     // global value -> the SPMD value holding its layout as lowered
   std::vector<Sharding> layouts_;  // per SPMD value
   std::map<std::string, ValueId> reshards_;
+  std::map<ValueId, ValueId> resolved_;  // value -> where its partial sums were first reduced
   std::vector<int> uses_;  // of each global value
   std::vector<std::vector<ValueId>> users_;
   bool in_backward_pass_ = false;  // of the op being lowered (outputs: as the last op)
