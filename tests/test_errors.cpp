@@ -208,7 +208,7 @@ TEST_CASE("catalog: tactics and schedules") {
   }
   // E44 an unknown preset name
   CHECK_THROWS_WITH_AS(parse_schedule("bp,tp"),
-                       "schedule 'bp,tp': unknown tactic 'tp' (expected none, bp, mp, z2, z3, emb, mq)", UserError);
+                       "schedule 'bp,tp': unknown tactic 'tp' (expected none, bp, mp, z2, z3, emb, mq, auto:<axis>)", UserError);
   // E45 explain() of a name the program lacks
   CHECK_THROWS_WITH_AS(explain(partition(prog, mesh2x2, {bp}), "params/mlp/w7"),
                        "partitioned program 'mlp' has no input, tag or output named 'params/mlp/w7'", UserError);
@@ -346,7 +346,7 @@ TEST_CASE("catalog: shapes that used to crash, and run-time setup") {
   CHECK_THROWS_WITH_AS(examples::run_on_backend("mpi", 2, argc, argv, nothing),
                        "--backend mpi: this build has no MPI (configure with -Dmpi=enabled)", UserError);
   CHECK_THROWS_WITH_AS(examples::run_on_backend("gpu", 2, argc, argv, nothing),
-                       "--backend: expected threads or mpi, got 'gpu'", UserError);
+                       "--backend: expected threads, mpi or nccl, got 'gpu'", UserError);
 }
 
 TEST_CASE("catalog: partir's own bugs are InternalErrors, a different type") {
