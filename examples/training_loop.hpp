@@ -14,6 +14,7 @@
 #endif
 #endif
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -82,6 +83,13 @@ Trained train(C& comm, const p::Program& step, const p::SpmdProgram& spmd, const
     for (const auto& b : spmd.inputs())
       if (b.name == name) state[name] = p::layout::shard(global, b.sharding, spmd.mesh(), device);
   }
+  // The simulator's prediction for this plan, checked against what the run measures at the end.
+  const p::HardwareProfile profile = p::HardwareProfile::detect();
+  const p::Report predicted = p::simulate(spmd, profile);
+  if (lead)
+    std::cout << "predicted (profile " << profile.name << ", PARTIR_PROFILE selects another): step "
+              << p::human_seconds(predicted.step_seconds) << ", peak "
+              << p::human_bytes(static_cast<double>(predicted.peak_bytes)) << " per device" << std::endl;
   std::vector<double> step_ms;
   std::int64_t peak = 0;
   double loss = 0;
@@ -126,13 +134,25 @@ Trained train(C& comm, const p::Program& step, const p::SpmdProgram& spmd, const
   comm.all_gather(all, &mine, peaks.data(), 1, p::DType::f64);
   if (lead) {
     std::cout << "final loss " << std::setprecision(6) << loss << std::endl;
+    // The median step: the first steps also fault in fresh buffers, which the simulator does not model.
+    std::vector<double> sorted = step_ms;
+    std::sort(sorted.begin(), sorted.end());
+    const double median_ms = sorted.empty() ? 0 : sorted[sorted.size() / 2];
+    const double measured_peak = *std::max_element(peaks.begin(), peaks.end());
+    if (median_ms > 0)
+      std::cout << "measured: step " << p::human_seconds(median_ms / 1e3) << " (median of " << sorted.size()
+                << "), peak " << p::human_bytes(measured_peak) << " (largest device); predicted/measured: time "
+                << std::setprecision(3) << predicted.step_seconds * 1e3 / median_ms << ", memory "
+                << static_cast<double>(predicted.peak_bytes) / measured_peak << std::endl;
     if (!o.report_file.empty()) {
       std::ofstream f(o.report_file);
       f << "{\n  \"run\": \"" << json_escape(o.label) << "\",\n  \"final_loss\": " << loss << ",\n  \"step_ms\": [";
       for (std::size_t i = 0; i < step_ms.size(); ++i) f << (i ? ", " : "") << step_ms[i];
       f << "],\n  \"peak_bytes_per_device\": [";
       for (std::size_t i = 0; i < peaks.size(); ++i) f << (i ? ", " : "") << static_cast<std::int64_t>(peaks[i]);
-      f << "],\n  \"collectives\": [";
+      f << "],\n  \"predicted\": {\"profile\": \"" << json_escape(profile.name)
+        << "\", \"step_ms\": " << predicted.step_seconds * 1e3 << ", \"peak_bytes\": " << predicted.peak_bytes
+        << "},\n  \"collectives\": [";
       const auto plan = spmd.collectives();
       for (std::size_t i = 0; i < plan.size(); ++i) {
         const auto& c = plan[i];

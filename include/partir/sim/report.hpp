@@ -108,7 +108,7 @@ struct Report {
   }
 };
 
-namespace detail {
+// Sizes and durations as people read them: 1.50 MiB, 2.345 ms.
 inline std::string human_bytes(double b) {
   char buf[32];
   if (b >= 1 << 30) std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1 << 30));
@@ -124,11 +124,9 @@ inline std::string human_seconds(double s) {
   else std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
   return buf;
 }
-}  // namespace detail
 
 // A summary, the memory breakdown at the peak, every collective, and the ops that take the most time.
 inline std::ostream& operator<<(std::ostream& os, const Report& r) {
-  using detail::human_bytes, detail::human_seconds;
   char line[256];
   os << "simulated " << r.program << " on " << r.mesh.to_string() << ", profile " << r.profile
      << " (per device; compute and communication serialized, no overlap)\n";

@@ -87,14 +87,14 @@ struct SearchReport {
 inline std::string to_string(const Candidate& c) {
   std::string s = c.actions.empty() ? std::string("no action") : std::string();
   for (std::size_t i = 0; i < c.actions.size(); ++i) s += (i ? "; " : "") + c.actions[i].name();
-  return s + " -> step " + detail::human_seconds(c.step_seconds) + ", peak " +
-         detail::human_bytes(static_cast<double>(c.peak_bytes)) + (c.fits ? "" : " (over budget)");
+  return s + " -> step " + human_seconds(c.step_seconds) + ", peak " +
+         human_bytes(static_cast<double>(c.peak_bytes)) + (c.fits ? "" : " (over budget)");
 }
 
 inline std::ostream& operator<<(std::ostream& os, const SearchReport& r) {
   os << r.tactic << ": " << name_of(r.budget.strategy) << " (seed " << r.budget.seed << "), " << r.evaluations
      << " plans evaluated over " << r.actions << " actions, objective " << name_of(r.objective) << ", memory budget "
-     << (r.memory_budget_bytes ? detail::human_bytes(static_cast<double>(r.memory_budget_bytes)) : "none") << "\n";
+     << (r.memory_budget_bytes ? human_bytes(static_cast<double>(r.memory_budget_bytes)) : "none") << "\n";
   os << "  chosen:    " << to_string(r.chosen) << "\n";
   for (std::size_t i = 0; i < r.runners_up.size(); ++i)
     os << "  runner-up: " << to_string(r.runners_up[i]) << "\n";
@@ -605,9 +605,9 @@ struct AutomaticPartition {
     auto [r, sequence] = run(s);
     if (memory_budget_bytes > 0 && !r.chosen.fits)
       user_error(s.tactic_label() + ": no plan found fits the memory budget of " +
-                 detail::human_bytes(static_cast<double>(memory_budget_bytes)) + " per device; the best of " +
+                 human_bytes(static_cast<double>(memory_budget_bytes)) + " per device; the best of " +
                  std::to_string(r.evaluations) + " plans evaluated (" + to_string(r.chosen) + ") needs " +
-                 detail::human_bytes(static_cast<double>(r.chosen.peak_bytes)));
+                 human_bytes(static_cast<double>(r.chosen.peak_bytes)));
     // Replay the chosen actions exactly as evaluated: tile, then propagate, one action at a time.
     detail::AutoSearch replay(s, axis_ids(s), objective, memory_budget_bytes, search_budget, profile);
     for (int i : sequence) replay.apply(s, i);
