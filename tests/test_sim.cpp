@@ -218,6 +218,28 @@ TEST_CASE("simulate: times by hand on a toy step") {
   CHECK(r.flops == 8 + 8 + 4 + 4);
 }
 
+// The executor runs a chain of elementwise ops as one blocked loop (runtime/fusion.hpp); so does the cost.
+TEST_CASE("simulate: a fused elementwise chain is one pass over memory") {
+  const TensorType v{{256}};  // 1 KiB
+  SpmdProgram p("chain", Mesh{{"batch", 1}});
+  auto x = p.add({input_op("x", v, InputKind::data)});
+  p.add_input({"x", x, v, Sharding::replicated(1), ""});
+  auto square = p.add({local_op(OpKind::mul, {x, x}, v)});
+  auto y = p.add({local_op(OpKind::add, {square, x}, v)});
+  p.add_output({"y", y, v, Sharding::replicated(1), ""});
+  set_fusion(false);
+  const Report unfused = simulate(p, unit_profile());
+  set_fusion(true);
+  const Report fused = simulate(p, unit_profile());
+  // Op by op: mul and add each read two operands and write one: 6 KiB at 1 GB/s.
+  CHECK(unfused.compute_seconds == doctest::Approx(6 * 1024 / 1e9));
+  // Fused: mul only computes (256 FLOPs at 1 GFLOP/s); add reads x once and writes y: 2 KiB.
+  CHECK(fused.compute_seconds == doctest::Approx(256 / 1e9 + 2 * 1024 / 1e9));
+  CHECK(fused.timeline.at(0).bound == "fused");
+  CHECK(fused.timeline.at(0).bytes == 0);
+  CHECK(fused.flops == unfused.flops);
+}
+
 TEST_CASE("simulate: peak memory from liveness, with its breakdown, equals the executor's") {
   const SpmdProgram p = toy_step();
   const Report r = simulate(p, unit_profile());

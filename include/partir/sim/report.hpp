@@ -49,7 +49,7 @@ struct TimedOp {
   double bytes = 0;       // local ops: bytes read and written; collectives: the buffer (S)
   double wire_bytes = 0;  // collectives: bytes each device sends
   std::int64_t group_size = 0;
-  std::string bound;      // compute | memory | link
+  std::string bound;      // compute | memory | link | fused (inside a fused chain: computes, moves no bytes)
   std::string reason;     // collectives: why lowering inserted it
 };
 

@@ -93,14 +93,25 @@ inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
         // A local op, or an all_slice: a local copy of this device's tile, costed as a slice.
         t.what = s.collective ? std::string(name_of(s.collective->kind)) + to_string(s.collective->axes)
                               : std::string(name_of(s.op.kind));
-        const Work w = s.collective ? Work{0, static_cast<double>(operand_types.at(0).bytes() + s.op.type.bytes())}
-                                    : local_work(s.op, operand_types);
-        bool compute_bound = false;
+        Work w = s.collective ? Work{0, static_cast<double>(operand_types.at(0).bytes() + s.op.type.bytes())}
+                              : local_work(s.op, operand_types);
+        // A fused elementwise chain is one pass over memory: its inner ops only compute (no dispatch, no
+        // buffer), its root reads the group's inputs once and writes its result.
+        if (const FusionGroup* g = fusion.group_at(v)) {
+          w.bytes = static_cast<double>(s.op.type.bytes());
+          for (const auto& in : g->inputs) w.bytes += static_cast<double>(p.type(in.value).bytes());
+        }
         t.flops = w.flops;
-        t.bytes = w.bytes;
-        const OpKind kind = s.collective ? OpKind::slice : s.op.kind;
-        t.seconds = roofline_seconds(w, kind, s.op.type.dtype, hw, &compute_bound);
-        t.bound = compute_bound ? "compute" : "memory";
+        t.bytes = fusion.skipped(v) ? 0 : w.bytes;
+        if (fusion.skipped(v)) {
+          t.seconds = w.flops / hw.flops_per_second(s.op.type.dtype);
+          t.bound = "fused";
+        } else {
+          bool compute_bound = false;
+          const OpKind kind = s.collective ? OpKind::slice : s.op.kind;
+          t.seconds = roofline_seconds(w, kind, s.op.type.dtype, hw, &compute_bound);
+          t.bound = compute_bound ? "compute" : "memory";
+        }
         r.compute_seconds += t.seconds;
         r.flops += w.flops;
       }
