@@ -8,6 +8,8 @@
 // Measured time: the slowest device's execute() per step, the best of --reps steps (calibration also keeps
 // its best rounds: on a shared machine other work only ever adds time); measured memory: the executor's peak
 // (each device is given only its own piece of every input).
+// --trace-dir: per configuration, the simulated timeline (<N>-<strategy>.sim.json) and each device's measured
+// one (<N>-<strategy>.measured.<device>.json) as Chrome trace JSON, to open side by side in ui.perfetto.dev.
 #include <partir/partir.hpp>
 #ifdef PARTIR_BENCH_MPI
 #include <partir/runtime/mpi.hpp>
@@ -60,7 +62,7 @@ Options parse(int argc, char** argv) {
     if (a == "-h" || a == "--help") {
       std::cout << "usage: simulator_accuracy [--backend threads|mpi] [--devices 2,4] [--batch 256]\n"
                    "  [--sizes 1024,4096,1024] [--reps 5] [--profile calibrate|cpu|file.json] [--json out.json]\n"
-                   "  [--trace-dir dir]\n";
+                   "  [--trace-dir dir]   (simulated and measured timelines as Chrome trace JSON)\n";
       std::exit(0);
     }
     if (i + 1 >= argc) fail(a + " needs a value (see --help)");
@@ -99,6 +101,7 @@ struct Measured {
   double seconds = 0;                // the best step, slowest device
   double communication_seconds = 0;  // in collectives during that step, slowest device
   std::int64_t peak_bytes = 0;       // the largest device peak
+  std::vector<p::OpTiming> timeline;  // this device's ops during that step
 };
 
 struct Result {
@@ -114,9 +117,9 @@ Measured measure(C& comm, const p::SpmdProgram& spmd, const p::NamedArrays& glob
   p::NamedArrays local;
   for (const auto& b : spmd.inputs())
     local[b.name] = p::layout::shard(global.at(b.name), b.sharding, spmd.mesh(), comm.device());
-  const p::ExecuteOptions pieces{false, false};
+  const p::ExecuteOptions pieces{.global_inputs = false, .global_outputs = false, .timeline = true};
   const std::int64_t peak = p::execute(spmd, comm, local, pieces).peak_bytes;  // also the warm-up
-  Measured best{std::numeric_limits<double>::infinity(), 0, 0};
+  Measured best{std::numeric_limits<double>::infinity(), 0, 0, {}};
   for (int r = 0; r < reps; ++r) {
     comm.barrier();
     const auto t0 = std::chrono::steady_clock::now();
@@ -126,7 +129,7 @@ Measured measure(C& comm, const p::SpmdProgram& spmd, const p::NamedArrays& glob
     for (double c : result.collective_seconds) in_collectives += c;
     const double step = p::calibration::max_over_devices(comm, seconds);
     const double communication = p::calibration::max_over_devices(comm, in_collectives);
-    if (step < best.seconds) best = {step, communication, 0};
+    if (step < best.seconds) best = {step, communication, 0, result.timeline};
   }
   best.peak_bytes = static_cast<std::int64_t>(p::calibration::max_over_devices(comm, static_cast<double>(peak)));
   return best;
@@ -148,10 +151,14 @@ void run_device_count(C& comm, const Options& o, const p::Program& step, const p
   for (const auto& s : strategies(n)) {
     const p::SpmdProgram spmd = p::lower(p::partition(step, s.mesh, p::parse_schedule(s.name == "none" ? "" : s.name)));
     const Measured m = measure(comm, spmd, global, o.reps);
+    const std::string trace = o.trace_dir + "/" + std::to_string(n) + "-" + s.name;
+    if (!o.trace_dir.empty())
+      p::json::write_file(trace + ".measured." + std::to_string(comm.device()) + ".json",
+                          p::chrome_trace(p::trace_events(spmd, m.timeline, comm.device()), "measured " + spmd.name()));
     if (comm.device() != 0) continue;
     results.push_back({n, s.name, s.mesh.to_string(), p::simulate(spmd, hw), m});
     if (!o.trace_dir.empty())
-      p::json::write_file(o.trace_dir + "/" + std::to_string(n) + "-" + s.name + ".sim.json",
+      p::json::write_file(trace + ".sim.json",
                           p::chrome_trace(results.back().predicted, n));
   }
 }

@@ -258,6 +258,36 @@ TEST_CASE("simulate: peak memory from liveness, with its breakdown, equals the e
   for (const auto& d : execute_local(p, global)) CHECK(d.peak_bytes == r.peak_bytes);
 }
 
+TEST_CASE("execute: the measured timeline names the ops the simulator names, in program order") {
+  const SpmdProgram p = toy_step();
+  const Report r = simulate(p, unit_profile());
+  const NamedArrays global{{"w", Array({8}, std::vector<float>(8, 1.f))}, {"x", Array({8}, std::vector<float>(8, 2.f))}};
+  CHECK(execute_local(p, global).at(0).timeline.empty());  // off unless asked for
+  std::vector<std::vector<OpTiming>> timelines(2);
+  threads::run(2, [&](threads::Communicator& c) {
+    NamedArrays local;
+    for (const auto& b : p.inputs()) local[b.name] = layout::shard(global.at(b.name), b.sharding, p.mesh(), c.device());
+    timelines[static_cast<std::size_t>(c.device())] =
+        execute(p, c, local, {.global_inputs = false, .global_outputs = false, .timeline = true}).timeline;
+  });
+  const FusionPlan fusion = plan_fusion(p);
+  std::vector<std::string> simulated;  // a fused chain runs (and is timed) at its root
+  for (const auto& e : trace_events(r))
+    if (!fusion.skipped(static_cast<ValueId>(std::stol(e.args.at("value").string().substr(1))))) simulated.push_back(e.name);
+  for (std::int64_t d = 0; d < 2; ++d) {
+    const auto events = trace_events(p, timelines[static_cast<std::size_t>(d)], d);
+    std::vector<std::string> measured;
+    for (const auto& e : events) measured.push_back(e.name);
+    CHECK(measured == simulated);
+    for (std::size_t i = 0; i < events.size(); ++i) {
+      CHECK(events[i].device == d);
+      CHECK(events[i].seconds >= 0);
+      CHECK(events[i].category == (events[i].name.starts_with("all_reduce") ? "communication" : "compute"));
+      if (i > 0) CHECK(events[i].start >= events[i - 1].start + events[i - 1].seconds - 1e-9);
+    }
+  }
+}
+
 TEST_CASE("report: JSON and Chrome trace are well-formed") {
   const Report r = simulate(toy_step(), unit_profile());
   const json::Value v = json::parse(r.to_json().dump(2));

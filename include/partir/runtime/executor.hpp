@@ -17,12 +17,21 @@ struct ExecuteOptions {
   bool global_inputs = true;   // inputs are global arrays (each device takes its piece), else local pieces
   bool global_outputs = true;  // outputs are gathered to global arrays on every device, else local pieces
   bool check_finite = false;   // a NaN or Inf in any input is a UserError naming the input and element
+  bool timeline = false;       // time every op into DeviceResult::timeline (sim/trace.hpp makes it a trace)
+};
+
+// When an op ran, in seconds from the start of execute(). A fused chain is timed at its root.
+struct OpTiming {
+  ValueId value = -1;
+  double start = 0, seconds = 0;
+  friend bool operator==(const OpTiming&, const OpTiming&) = default;
 };
 
 struct DeviceResult {
   NamedArrays outputs;
   std::int64_t peak_bytes = 0;              // counted as by interpret(): inputs resident throughout
   std::vector<double> collective_seconds;   // one per entry of SpmdProgram::collectives()
+  std::vector<OpTiming> timeline;           // with ExecuteOptions::timeline: every op that ran, in order
 };
 
 namespace detail {
@@ -144,6 +153,9 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
     resident += p.type(b.value).bytes();
   }
   std::int64_t peak = resident;
+  using clock = std::chrono::steady_clock;
+  const auto run_start = clock::now();
+  auto since_start = [&](clock::time_point t) { return std::chrono::duration<double>(t - run_start).count(); };
   const FusionPlan fusion = plan_fusion(p);
   const auto& frees = fusion.last_uses();
   std::vector<const Array*> operands;
@@ -155,12 +167,11 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
     } else if (!fusion.skipped(v)) {
       operands.clear();
       for (auto o : s.op.operands) operands.push_back(values[static_cast<std::size_t>(o)]);
+      const auto t0 = clock::now();
       try {
         if (s.collective) {
-          auto t0 = std::chrono::steady_clock::now();
           slot = detail::run_collective(*s.collective, *operands[0], s.op.type, mesh, comm);
-          result.collective_seconds.push_back(
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          result.collective_seconds.push_back(since_start(clock::now()) - since_start(t0));
         } else if (!s.row_shard.empty()) {
           const auto rows = (s.op.kind == OpKind::gather ? operands[0]->shape() : s.op.type.shape).at(0);
           slot = detail::row_sharded(s, operands, mesh.position(comm.device(), s.row_shard) * rows,
@@ -170,6 +181,10 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
         }
       } catch (const UserError& e) {
         user_error(where + ": %" + std::to_string(v) + ": " + e.what());
+      }
+      if (options.timeline) {
+        const double start = since_start(t0);
+        result.timeline.push_back({v, start, since_start(clock::now()) - start});
       }
       values[static_cast<std::size_t>(v)] = &*slot;
       resident += slot->bytes();

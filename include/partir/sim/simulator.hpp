@@ -48,6 +48,16 @@ inline std::vector<MemoryKind> memory_kinds(const SpmdProgram& p) {
 
 }  // namespace detail
 
+// How timelines (simulated and measured) name an op: what it does, "dot_general" or "all_reduce{batch}", and
+// which value it makes, its name or tag else %id.
+inline std::string timeline_what(const SpmdOp& s) {
+  return s.collective ? std::string(name_of(s.collective->kind)) + to_string(s.collective->axes)
+                      : std::string(name_of(s.op.kind));
+}
+inline std::string timeline_label(const SpmdOp& s, ValueId v) {
+  return s.op.name.empty() ? "%" + std::to_string(v) : s.op.name;
+}
+
 inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
   const Mesh& mesh = p.mesh();
   Report r;
@@ -73,13 +83,13 @@ inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
     if (!detail::is_program_input(s)) {
       TimedOp t;
       t.value = v;
-      t.label = s.op.name.empty() ? "%" + std::to_string(v) : s.op.name;
+      t.what = timeline_what(s);
+      t.label = timeline_label(s, v);
       t.start = clock;
       operand_types.clear();
       for (auto o : s.op.operands) operand_types.push_back(p.type(o));
       if (s.collective && s.collective->kind != CollectiveKind::all_slice) {
         const Collective& c = *s.collective;
-        t.what = std::string(name_of(c.kind)) + to_string(c.axes);
         t.communication = true;
         t.group_size = group_size(c, mesh);
         t.bytes = static_cast<double>(std::max(operand_types.at(0).bytes(), s.op.type.bytes()));
@@ -91,8 +101,6 @@ inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
         r.wire_bytes += t.wire_bytes;
       } else {
         // A local op, or an all_slice: a local copy of this device's tile, costed as a slice.
-        t.what = s.collective ? std::string(name_of(s.collective->kind)) + to_string(s.collective->axes)
-                              : std::string(name_of(s.op.kind));
         Work w = s.collective ? Work{0, static_cast<double>(operand_types.at(0).bytes() + s.op.type.bytes())}
                               : local_work(s.op, operand_types);
         // A fused elementwise chain is one pass over memory: its inner ops only compute (no dispatch, no

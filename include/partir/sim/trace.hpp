@@ -3,7 +3,9 @@
 // track for compute and one for communication. The simulator's Report converts to it; anything that times
 // real ops (an executor, a benchmark) can emit the same events, so predicted and measured timelines open
 // side by side.
+#include "partir/runtime/executor.hpp"
 #include "partir/sim/report.hpp"
+#include "partir/sim/simulator.hpp"
 
 namespace partir {
 
@@ -53,6 +55,19 @@ inline std::vector<TraceEvent> trace_events(const Report& r, std::int64_t device
       out.push_back({t.what + " " + t.label, t.communication ? "communication" : "compute", d, t.start, t.seconds,
                      std::move(args)});
     }
+  return out;
+}
+
+// What one device's execute() measured (ExecuteOptions::timeline), named as the simulator names ops.
+inline std::vector<TraceEvent> trace_events(const SpmdProgram& p, const std::vector<OpTiming>& timeline,
+                                            std::int64_t device) {
+  std::vector<TraceEvent> out;
+  for (const auto& t : timeline) {
+    const SpmdOp& s = p.op(t.value);
+    const bool communication = s.collective && s.collective->kind != CollectiveKind::all_slice;
+    out.push_back({timeline_what(s) + " " + timeline_label(s, t.value), communication ? "communication" : "compute",
+                   device, t.start, t.seconds, json::object().set("value", "%" + std::to_string(t.value))});
+  }
   return out;
 }
 
