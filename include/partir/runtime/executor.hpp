@@ -1,7 +1,7 @@
 #pragma once
 // Runs one device's share of an SpmdProgram: local ops on the CPU kernels (elementwise chains fused, see
 // fusion.hpp), collectives through any Communicator backend, buffers freed by liveness into the thread's
-// buffer cache; records peak bytes and the time of every collective.
+// buffer cache; records peak bytes, the time of every collective and, when asked, of every op.
 #include <chrono>
 #include <cmath>
 
@@ -154,8 +154,8 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
   }
   std::int64_t peak = resident;
   using clock = std::chrono::steady_clock;
+  using seconds = std::chrono::duration<double>;
   const auto run_start = clock::now();
-  auto since_start = [&](clock::time_point t) { return std::chrono::duration<double>(t - run_start).count(); };
   const FusionPlan fusion = plan_fusion(p);
   const auto& frees = fusion.last_uses();
   std::vector<const Array*> operands;
@@ -171,7 +171,6 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
       try {
         if (s.collective) {
           slot = detail::run_collective(*s.collective, *operands[0], s.op.type, mesh, comm);
-          result.collective_seconds.push_back(since_start(clock::now()) - since_start(t0));
         } else if (!s.row_shard.empty()) {
           const auto rows = (s.op.kind == OpKind::gather ? operands[0]->shape() : s.op.type.shape).at(0);
           slot = detail::row_sharded(s, operands, mesh.position(comm.device(), s.row_shard) * rows,
@@ -182,10 +181,9 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
       } catch (const UserError& e) {
         user_error(where + ": %" + std::to_string(v) + ": " + e.what());
       }
-      if (options.timeline) {
-        const double start = since_start(t0);
-        result.timeline.push_back({v, start, since_start(clock::now()) - start});
-      }
+      const double took = seconds(clock::now() - t0).count();
+      if (s.collective) result.collective_seconds.push_back(took);
+      if (options.timeline) result.timeline.push_back({v, seconds(t0 - run_start).count(), took});
       values[static_cast<std::size_t>(v)] = &*slot;
       resident += slot->bytes();
       peak = std::max(peak, resident);
