@@ -110,12 +110,13 @@ inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
           for (const auto& in : g->inputs) w.bytes += static_cast<double>(p.type(in.value).bytes());
         }
         t.flops = w.flops;
-        t.bytes = fusion.skipped(v) ? 0 : w.bytes;
         if (fusion.skipped(v)) {
+          t.bytes = 0;
           t.seconds = w.flops / hw.flops_per_second(s.op.type.dtype);
           t.bound = "fused";
         } else {
           bool compute_bound = false;
+          t.bytes = w.bytes;
           const OpKind kind = s.collective ? OpKind::slice : s.op.kind;
           t.seconds = roofline_seconds(w, kind, s.op.type.dtype, hw, &compute_bound);
           t.bound = compute_bound ? "compute" : "memory";
