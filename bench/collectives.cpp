@@ -339,8 +339,8 @@ class RawMpi {
     };
   }
 
-  // reduce_scatter four ways, to choose what the mpi backend should map it onto.
-  std::vector<std::pair<std::string, Call>> reduce_scatter_variants() {
+  // reduce_scatter four ways: the figures behind mpi::Communicator::use_ring_reduce_scatter.
+  std::vector<std::pair<std::string, Call>> reduce_scatter_variants(p::mpi::Communicator& partir) {
     auto wrap = [this](auto body) {
       return Call([this, body](const p::Group& g, CollectiveKind, float* in, float* out, std::int64_t count) {
         body(comm(g), g.size(), in, out, static_cast<int>(count));
@@ -362,32 +362,15 @@ class RawMpi {
            MPI_Reduce(in, scratch_.data(), n * k, MPI_FLOAT, MPI_SUM, 0, c);
            MPI_Scatter(scratch_.data(), n, MPI_FLOAT, out, n, MPI_FLOAT, 0, c);
          })},
-        {"ring of MPI_Sendrecv", wrap([this](MPI_Comm c, int k, float* in, float* out, int n) { ring(c, k, in, out, n); })},
+        {"partir ring (MPI_Sendrecv)", Call([&partir](const p::Group& g, CollectiveKind, float* in, float* out, std::int64_t count) {
+           partir.ring_reduce_scatter(g, in, out, count, p::DType::f32);
+         })},
     };
   }
 
  private:
-  // Ring reduce-scatter: in step s every rank passes its running sum of block (r-s-1) to the next rank
-  // and adds its own block (r-s-2) to what the previous one passed; after k-1 steps rank r holds block r.
-  void ring(MPI_Comm c, int k, const float* in, float* out, int n) {
-    int r = 0;
-    MPI_Comm_rank(c, &r);
-    send_.resize(static_cast<std::size_t>(n));
-    recv_.resize(static_cast<std::size_t>(n));
-    const int next = (r + 1) % k, prev = (r + k - 1) % k;
-    for (int s = 0; s + 1 < k; ++s) {
-      const int send_block = ((r - s - 1) % k + k) % k, recv_block = ((r - s - 2) % k + k) % k;
-      const float* src = s == 0 ? in + static_cast<std::ptrdiff_t>(send_block) * n : send_.data();
-      MPI_Sendrecv(src, n, MPI_FLOAT, next, 0, recv_.data(), n, MPI_FLOAT, prev, 0, c, MPI_STATUS_IGNORE);
-      float* dst = s + 2 == k ? out : send_.data();
-      const float* own = in + static_cast<std::ptrdiff_t>(recv_block) * n;
-      for (int i = 0; i < n; ++i) dst[i] = own[i] + recv_[static_cast<std::size_t>(i)];
-    }
-    if (k == 1) std::copy_n(in, n, out);
-  }
-
   std::map<std::vector<int>, MPI_Comm> comms_;
-  std::vector<float> scratch_, send_, recv_;
+  std::vector<float> scratch_;
 };
 
 // busbw of each reduce_scatter variant per size: the figures behind the mpi backend's choice.
@@ -399,7 +382,7 @@ void compare_reduce_scatter(p::mpi::Communicator& comm, const Options& o, RawMpi
   const int me = comm.device();
   p::Group g;
   for (auto d : mesh.group(me, axes)) g.devices.push_back(static_cast<int>(d));
-  auto variants = raw.reduce_scatter_variants();
+  auto variants = raw.reduce_scatter_variants(comm);
   if (me == 0) {
     std::printf("# reduce_scatter busbw (GB/s) by implementation, groups of %d, #wrong in brackets\n# %12s", g.size(), "size(B)");
     for (const auto& [name, call] : variants) std::printf(" %26s", name.c_str());

@@ -4,6 +4,7 @@
 // to the same expectations. Returns the number of wrong elements.
 #include <partir/runtime/communicator.hpp>
 
+#include <cstdint>
 #include <vector>
 
 namespace collective_checks {
@@ -55,6 +56,28 @@ long check_all(C& c) {
         for (std::int64_t i = 0; i < n; ++i) wrong += exchanged[b * n + i] != value(g.devices[b], pos * n + i);
     }
   }
+  // reduce_scatter of the other dtypes, large enough for the mpi backend's ring and spanning segments.
+  const Group all{{0, 1, 2, 3}};
+  const std::int64_t n = 70000;
+  std::vector<double> f64_blocks(static_cast<std::size_t>(4 * n)), f64_out(static_cast<std::size_t>(n));
+  std::vector<std::int32_t> i32_blocks(f64_blocks.size()), i32_out(f64_out.size());
+  for (std::int64_t i = 0; i < 4 * n; ++i) {
+    f64_blocks[i] = 0.5 * value(me, i);
+    i32_blocks[i] = static_cast<std::int32_t>(value(me, i)) - 2000;
+  }
+  c.reduce_scatter(all, f64_blocks.data(), f64_out.data(), n, DType::f64);
+  c.reduce_scatter(all, i32_blocks.data(), i32_out.data(), n, DType::i32);
+  for (std::int64_t i = 0; i < n; ++i) {
+    double f64_expect = 0;
+    std::int32_t i32_expect = 0;
+    for (int d = 0; d < 4; ++d) {
+      f64_expect += 0.5 * value(d, me * n + i);
+      i32_expect += static_cast<std::int32_t>(value(d, me * n + i)) - 2000;
+    }
+    wrong += f64_out[i] != f64_expect;
+    wrong += i32_out[i] != i32_expect;
+  }
+
   std::vector<double> d64 = {1.5 * me};
   c.all_reduce(Group{{0, 1, 2, 3}}, d64.data(), 1, DType::f64);
   wrong += d64[0] != 1.5 * 6;
