@@ -95,6 +95,21 @@ void apply_view(const gpu::View& v, const Array& src, Array& dst) {
   }
 }
 
+// Device copies for the tests that launch kernels directly (synchronous copies on the default stream).
+template <class T>
+T* to_device(const std::vector<T>& v) {
+  void* p = nullptr;
+  REQUIRE(cudaMalloc(&p, std::max<std::size_t>(v.size(), 1) * sizeof(T)) == cudaSuccess);
+  if (!v.empty()) REQUIRE(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+  return static_cast<T*>(p);
+}
+template <class T>
+std::vector<T> to_host(const T* p, std::size_t n) {
+  std::vector<T> v(n);
+  REQUIRE(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+  return v;
+}
+
 struct DotCase {
   Shape lhs, rhs;
   DotDims dims;
@@ -298,6 +313,50 @@ TEST_SUITE("host") {
     }
   }
 
+  TEST_CASE("views: reductions to few outputs over many elements, split into chunks and combined, equal the CPU") {
+    Rng rng(15);
+    struct Case {
+      Shape shape;
+      std::vector<std::int64_t> dims;
+    };
+    for (const auto& c : {Case{{3, 40000}, {1}}, Case{{50000}, {0}}, Case{{2, 20000, 3}, {1}}, Case{{7, 3, 9000}, {0, 2}}}) {
+      const Array x = random_array(rng, {c.shape, DType::f64});
+      for (OpKind kind : {OpKind::reduce_sum, OpKind::reduce_max}) {
+        const bool take_max = kind == OpKind::reduce_max;
+        Attrs a;
+        a.dims = c.dims;
+        NamedArrays inputs;
+        const Array want = interpret(one_op(kind, {x}, a, inputs), inputs).at("y");
+        const gpu::ReduceShape s = gpu::reduce_shape(x.shape(), c.dims, kind);
+        const std::int64_t parts = gpu::reduce_parts(s);
+        INFO(name_of(kind) << " of " << to_string(x.type()) << " in " << parts << " parts");
+        REQUIRE(parts > 1);
+        // The kernel's two passes, block by block, with its own chunk and index functions.
+        auto pass = [&](const gpu::ReduceShape& shape, std::int64_t p, auto&& read, std::vector<double>& out) {
+          out.assign(static_cast<std::size_t>(shape.outputs * p), 0);
+          for (std::int64_t b = 0; b < shape.outputs * p; ++b) {
+            std::int64_t o = 0, first = 0, last = 0;
+            gpu::reduce_chunk(shape, p, b, o, first, last);
+            double acc = take_max ? -INFINITY : 0;
+            for (std::int64_t j = first; j < last; ++j) {
+              const double v = read(gpu::kept_offset(shape, o) + gpu::reduced_offset(shape, j));
+              acc = take_max ? std::max(acc, v) : acc + v;
+            }
+            out[static_cast<std::size_t>(b)] = acc;
+          }
+        };
+        std::vector<double> partials, result;
+        pass(s, parts, [&](std::int64_t i) { return x.at(i); }, partials);
+        pass(gpu::partials_shape(s.outputs, parts), 1, [&](std::int64_t i) { return partials[static_cast<std::size_t>(i)]; },
+             result);
+        REQUIRE(static_cast<std::int64_t>(result.size()) == want.size());
+        Array got(want.type());
+        for (std::int64_t o = 0; o < want.size(); ++o) got.set(o, result[static_cast<std::size_t>(o)]);
+        CHECK(error(got, want) <= 1e-12);
+      }
+    }
+  }
+
   TEST_CASE("gemm plans: the cuBLAS call, run through a reference of cuBLAS's semantics, equals dot_general") {
     Rng rng(14);
     for (const auto& d : dot_cases()) {
@@ -435,6 +494,17 @@ TEST_SUITE("device") {
     Attrs a;
     a.dims = {1};
     CHECK(gpu_vs_cpu(OpKind::reduce_max, std::vector{Array(TensorType{{3, 0}, DType::f32})}, a) == 0);
+    for (DType t : {DType::f32, DType::f64, DType::i32}) {  // few outputs over many elements: the split path
+      const std::vector args{random_array(rng, {{3, 70000}, t})};
+      for (const std::vector<std::int64_t>& dims : {std::vector<std::int64_t>{1}, {0, 1}}) {
+        Attrs r;
+        r.dims = dims;
+        INFO(to_string(args[0].type()) << " over " << dims.size() << " dims");
+        // Sums of up to 210000 f32 values in another order: the CPU's own rounding reaches ~1e-4 absolute.
+        CHECK(gpu_vs_cpu(OpKind::reduce_sum, args, r) <= (t == DType::f32 ? 1e-4 : 1e-11));
+        CHECK(gpu_vs_cpu(OpKind::reduce_max, args, r) == 0);
+      }
+    }
   }
 
   TEST_CASE("gpu: broadcast, reshape, transpose, slice, pad, concatenate") {
@@ -487,6 +557,57 @@ TEST_SUITE("device") {
     NamedArrays inputs;
     const Program p = one_op(OpKind::gather, {table, indices}, {}, inputs);
     CHECK_THROWS_WITH_AS(gpu::execute(on_one_device(p), gpu_comm(), inputs), doctest::Contains("out of range"), UserError);
+  }
+
+  TEST_CASE("gpu: gather and scatter_add on a block of a row-tiled table; indices are checked against all rows") {
+    // The executor's row_shard path: this device holds rows [4, 8) of a 12-row table. Rows it does not hold
+    // give zeros (gather) or are skipped (scatter_add); an index outside [0, 12) fails as on the CPU, where
+    // row_sharded checks every index against the global row count. Launched directly on the default stream.
+    const std::int64_t rows = 4, first = 4, global = 12, row = 3;
+    std::vector<float> table(static_cast<std::size_t>(rows * row));
+    for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<float>(i + 1);
+    const std::vector<std::int32_t> idx{0, 5, 7, 11, 4, 5, 3};
+    const auto n = static_cast<std::int64_t>(idx.size());
+    std::vector<float> updates(static_cast<std::size_t>(n * row));
+    for (std::size_t i = 0; i < updates.size(); ++i) updates[i] = static_cast<float>(i % 5 + 1);  // exact sums
+    std::vector<float> want_rows(static_cast<std::size_t>(n * row), 0.f), want_sum(table.size(), 0.f);
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t r = idx[static_cast<std::size_t>(i)] - first;
+      if (r < 0 || r >= rows) continue;
+      for (std::int64_t e = 0; e < row; ++e) {
+        want_rows[static_cast<std::size_t>(i * row + e)] = table[static_cast<std::size_t>(r * row + e)];
+        want_sum[static_cast<std::size_t>(r * row + e)] += updates[static_cast<std::size_t>(i * row + e)];
+      }
+    }
+    auto* d_table = to_device(table);
+    auto* d_idx = to_device(idx);
+    auto* d_updates = to_device(updates);
+    auto* d_out = to_device(std::vector<float>(want_rows.size(), -1.f));
+    auto* d_sum = to_device(std::vector<float>(want_sum.size(), 0.f));
+    auto* d_bad = to_device(std::vector<int>{0});
+    gpu::launch::gather(DType::f32, d_table, d_idx, d_out, n, rows, row, first, global, d_bad, nullptr);
+    CHECK(to_host(d_out, want_rows.size()) == want_rows);
+    gpu::launch::scatter_add(DType::f32, d_idx, d_updates, d_sum, n, rows, row, first, global, d_bad, nullptr);
+    CHECK(to_host(d_sum, want_sum.size()) == want_sum);
+    CHECK(to_host(d_bad, 1)[0] == 0);
+    for (std::int32_t outside : {12, -1}) {
+      INFO("index " << outside);
+      auto* d_outside = to_device(std::vector<std::int32_t>{5, outside});
+      const auto reset = std::vector<int>{0};
+      gpu::launch::gather(DType::f32, d_table, d_outside, d_out, 2, rows, row, first, global, d_bad, nullptr);
+      CHECK(to_host(d_bad, 1)[0] == 1);
+      REQUIRE(cudaMemcpy(d_bad, reset.data(), sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess);
+      gpu::launch::scatter_add(DType::f32, d_outside, d_updates, d_sum, 2, rows, row, first, global, d_bad, nullptr);
+      CHECK(to_host(d_bad, 1)[0] == 1);
+      REQUIRE(cudaMemcpy(d_bad, reset.data(), sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess);
+      gpu::launch::gather(DType::f32, d_table, d_outside, d_out, 2, rows, 0, first, global, d_bad, nullptr);  // empty rows
+      CHECK(to_host(d_bad, 1)[0] == 1);
+      REQUIRE(cudaMemcpy(d_bad, reset.data(), sizeof(int), cudaMemcpyHostToDevice) == cudaSuccess);
+      cudaFree(d_outside);
+    }
+    for (void* p : {static_cast<void*>(d_table), static_cast<void*>(d_idx), static_cast<void*>(d_updates),
+                    static_cast<void*>(d_out), static_cast<void*>(d_sum), static_cast<void*>(d_bad)})
+      cudaFree(p);
   }
 
   TEST_CASE("gpu: tile moves of the collectives match layout::pack and unpack") {

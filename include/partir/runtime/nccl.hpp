@@ -69,8 +69,11 @@ class Communicator {
     gpu::check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     check(ncclCommInitRank(&world_, ranks, id, rank), "ncclCommInitRank");
   }
-  ~Communicator() {
-    if (stream_) cudaStreamSynchronize(stream_);
+  ~Communicator() {  // on whichever thread: make this communicator's GPU current first
+    if (stream_) {
+      cudaSetDevice(gpu_);
+      cudaStreamSynchronize(stream_);
+    }
     for (auto& [devices, c] : groups_) ncclCommDestroy(c);
     if (world_) ncclCommDestroy(world_);
     if (scratch_) cudaFree(scratch_);
@@ -108,11 +111,19 @@ class Communicator {
     Staging s(*this, in, out, block * g.size(), block * g.size());
     ncclComm_t c = comm(g);
     check(ncclGroupStart(), "ncclGroupStart");
-    for (int q = 0; q < g.size(); ++q) {
-      check(ncclSend(static_cast<const std::byte*>(s.in) + q * block, count(n), datatype(t), q, c, stream_), "ncclSend", c);
-      check(ncclRecv(static_cast<std::byte*>(s.out) + q * block, count(n), datatype(t), q, c, stream_), "ncclRecv", c);
+    // A failing send or receive must still close the group: an open group would swallow every later call.
+    ncclResult_t r = ncclSuccess;
+    const char* failed = "";
+    for (int q = 0; q < g.size() && r == ncclSuccess; ++q) {
+      r = ncclSend(static_cast<const std::byte*>(s.in) + q * block, count(n), datatype(t), q, c, stream_);
+      failed = "ncclSend";
+      if (r != ncclSuccess) break;
+      r = ncclRecv(static_cast<std::byte*>(s.out) + q * block, count(n), datatype(t), q, c, stream_);
+      failed = "ncclRecv";
     }
-    check(ncclGroupEnd(), "ncclGroupEnd", c);
+    const ncclResult_t end = ncclGroupEnd();
+    check(r, failed, c);
+    check(end, "ncclGroupEnd", c);
     s.finish(out, block * g.size());
   }
   // Every device's enqueued work done, then all devices together.

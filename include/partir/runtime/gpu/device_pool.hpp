@@ -173,7 +173,7 @@ struct PoolPlan {
 
 // The blocks one execution of `p` takes from an empty pool: every input uploaded first and held to the end,
 // each op's result taken before the values that die at that op are given back (the executor's order).
-// Collectives' and dot_general's transient scratch is not part of the plan; it comes from the pool as it
+// The transient scratch of collectives, dot_general and split reductions is not part of the plan; it comes from the pool as it
 // is needed, usually from blocks already cached.
 inline PoolPlan plan_pool(const SpmdProgram& p) {
   BasicPool<CountingAllocator> pool;

@@ -138,9 +138,11 @@ class Runner {
     internal_error("gpu executor: unknown collective");
   }
 
-  // One local op; first_row >= 0 for a gather / scatter_add whose table rows are tiled (rows outside this
-  // device's block contribute zeros).
-  Buffer eval(const Op& op, const std::vector<const Buffer*>& in, std::int64_t first_row) {
+  // One local op; for a gather / scatter_add whose table rows are tiled, this device holds rows
+  // [first_row, first_row + local rows) of global_rows (rows outside its block contribute zeros, indices
+  // are checked against global_rows as on the CPU); global_rows < 0: not tiled.
+  Buffer eval(const Op& op, const std::vector<const Buffer*>& in, std::int64_t first_row = 0,
+              std::int64_t global_rows = -1) {
     using K = OpKind;
     Buffer out = take(op.type);
     const std::int64_t n = op.type.elements();
@@ -184,10 +186,16 @@ class Runner {
         gpu::dot_general(ctx_.blas, x->type.shape, x->data, in[1]->type.shape, in[1]->data, a.dot, x->type.dtype, out.data,
                          ctx_.pool, stream_);
         break;
-      case K::reduce_sum: case K::reduce_max:
-        launch::reduce(op.kind == K::reduce_max, x->type.dtype, reduce_shape(x->type.shape, a.dims, op.kind), x->data,
-                       out.data, stream_);
+      case K::reduce_sum: case K::reduce_max: {
+        const ReduceShape s = reduce_shape(x->type.shape, a.dims, op.kind);
+        const std::int64_t parts = reduce_parts(s);
+        // Scratch for the chunks of a split reduction: given back once enqueued (stream order, as dot_general's).
+        const std::int64_t scratch_bytes = parts > 1 ? s.outputs * parts * size_of(x->type.dtype) : 0;
+        void* scratch = parts > 1 ? ctx_.pool.take(scratch_bytes) : nullptr;
+        launch::reduce(op.kind == K::reduce_max, x->type.dtype, s, x->data, out.data, scratch, stream_);
+        ctx_.pool.give(scratch, scratch_bytes);
         break;
+      }
       case K::broadcast_in_dim:
         copy(broadcast_view(x->type.shape, a), x->data, out.data, op.type.dtype, stream_);
         break;
@@ -217,16 +225,16 @@ class Runner {
       case K::gather: {  // table [V, F...], indices [I...] -> [I..., F...]
         const std::int64_t rows = x->type.shape.at(0), row = rows ? x->type.elements() / rows : 0;
         launch::gather(op.type.dtype, x->data, static_cast<const std::int32_t*>(in[1]->data), out.data,
-                       in[1]->type.elements(), rows, row, std::max<std::int64_t>(first_row, 0), first_row >= 0,
-                       ctx_.bad_index, stream_);
+                       in[1]->type.elements(), rows, row, global_rows < 0 ? 0 : first_row,
+                       global_rows < 0 ? rows : global_rows, ctx_.bad_index, stream_);
         break;
       }
       case K::scatter_add: {  // indices [I...], updates [I..., F...] -> [V, F...]
         check_cuda(cudaMemsetAsync(out.data, 0, static_cast<std::size_t>(op.type.bytes()), stream_), "cudaMemsetAsync");
         const std::int64_t rows = op.type.shape.at(0), row = rows ? n / rows : 0;
         launch::scatter_add(op.type.dtype, static_cast<const std::int32_t*>(x->data), in[1]->data, out.data,
-                            x->type.elements(), rows, row, std::max<std::int64_t>(first_row, 0), first_row >= 0,
-                            ctx_.bad_index, stream_);
+                            x->type.elements(), rows, row, global_rows < 0 ? 0 : first_row,
+                            global_rows < 0 ? rows : global_rows, ctx_.bad_index, stream_);
         break;
       }
     }
@@ -275,6 +283,7 @@ inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, cons
     if (it->second.type() != expect)
       user_error(where + ": input '" + b.name + "' expects " + to_string(expect) +
                  (options.global_inputs ? "" : " (local piece)") + ", got " + to_string(it->second.type()));
+    if (options.check_finite) partir::detail::check_finite(where, b.name, it->second);
     auto& slot = values[static_cast<std::size_t>(b.value)];
     if (slot.data) continue;  // the same value bound twice
     slot = options.global_inputs ? run.upload(layout::shard(it->second, b.sharding, mesh, comm.device()))
@@ -304,11 +313,16 @@ inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, cons
           timed.emplace_back(start, stop);
         } else if (!s.row_shard.empty()) {
           const auto rows = (s.op.kind == OpKind::gather ? operands[0]->type.shape : s.op.type.shape).at(0);
-          slot = run.eval(s.op, operands, mesh.position(comm.device(), s.row_shard) * rows);
+          slot = run.eval(s.op, operands, mesh.position(comm.device(), s.row_shard) * rows,
+                          rows * tile_count(s.row_shard, mesh));
         } else {
-          slot = run.eval(s.op, operands, -1);
+          slot = run.eval(s.op, operands);
         }
       } catch (const UserError& e) {
+        // Blocks given back earlier in this run may still be in use by queued work: let it finish before the
+        // pool can hand them to work on another stream (a later run on another communicator).
+        cudaStreamSynchronize(stream);
+        cudaGetLastError();
         user_error(where + ": %" + std::to_string(v) + ": " + e.what());
       }
       resident += slot.type.bytes();

@@ -112,7 +112,8 @@ inline void dot_general(cublasHandle_t blas, const Shape& lhs_shape, const void*
     check_cuda(cudaMemsetAsync(out, 0, static_cast<std::size_t>(g.batch * g.m * g.n * size_of(t)), stream), "cudaMemsetAsync");
     return;
   }
-  for (auto [what, v] : {std::pair{"rows", g.m}, {"contracted size", g.k}, {"cols", g.n}, {"batch", g.batch}})
+  for (auto [what, v] : {std::pair{"rows", g.m}, {"contracted size", g.k}, {"cols", g.n}, {"batch", g.batch},
+                         {"lhs leading dimension", g.a.ld}, {"rhs leading dimension", g.b.ld}})
     if (v > INT_MAX)
       user_error(std::string("dot_general on cuBLAS: ") + what + " " + std::to_string(v) + " exceeds int range");
   // Operands that need a copy go through pool blocks, given back once the call is enqueued (stream order).

@@ -119,15 +119,18 @@ template <> __device__ float lowest<float>() { return -INFINITY; }
 template <> __device__ double lowest<double>() { return -INFINITY; }
 template <> __device__ std::int32_t lowest<std::int32_t>() { return INT_MIN; }
 
-// One block per output element: its threads walk the reduced elements in a fixed order and combine their
-// partial results in a fixed tree, so a result depends on the data only (no atomics).
+// One block per output element and chunk of its elements (parts chunks per output: reduce_chunk; parts 1:
+// all of them), writing out[block]: its threads walk the chunk in a fixed order and combine their partial
+// results in a fixed tree, so a result depends on the data only (no atomics).
 template <class T, bool take_max>
-__global__ void reduce_kernel(ReduceShape s, const T* x, T* out) {
+__global__ void reduce_kernel(ReduceShape s, std::int64_t parts, const T* x, T* out) {
   __shared__ T partial[threads];
-  for (std::int64_t o = blockIdx.x; o < s.outputs; o += gridDim.x) {
+  for (std::int64_t b = blockIdx.x; b < s.outputs * parts; b += gridDim.x) {
+    std::int64_t o = 0, first = 0, last = 0;
+    reduce_chunk(s, parts, b, o, first, last);
     const std::int64_t base = kept_offset(s, o);
     T acc = take_max ? lowest<T>() : T(0);
-    for (std::int64_t j = threadIdx.x; j < s.count; j += blockDim.x) {
+    for (std::int64_t j = first + threadIdx.x; j < last; j += blockDim.x) {
       const T v = x[base + reduced_offset(s, j)];
       acc = take_max ? (v > acc ? v : acc) : acc + v;
     }
@@ -135,42 +138,53 @@ __global__ void reduce_kernel(ReduceShape s, const T* x, T* out) {
     __syncthreads();
     for (int width = blockDim.x / 2; width > 0; width /= 2) {
       if (static_cast<int>(threadIdx.x) < width) {
-        const T a = partial[threadIdx.x], b = partial[threadIdx.x + width];
-        partial[threadIdx.x] = take_max ? (b > a ? b : a) : a + b;
+        const T a = partial[threadIdx.x], c = partial[threadIdx.x + width];
+        partial[threadIdx.x] = take_max ? (c > a ? c : a) : a + c;
       }
       __syncthreads();
     }
-    if (threadIdx.x == 0) out[o] = partial[0];
+    if (threadIdx.x == 0) out[b] = partial[0];
     __syncthreads();
   }
 }
 
+template <class T, bool take_max>
+void reduce_pass(const ReduceShape& s, std::int64_t parts, const T* x, T* out, cudaStream_t stream) {
+  const std::int64_t blocks = s.outputs * parts;
+  const unsigned grid = static_cast<unsigned>(blocks < 65535 * 32 ? blocks : 65535 * 32);
+  reduce_kernel<T, take_max><<<grid, threads, 0, stream>>>(s, parts, x, out);
+  check_launch("reduce_kernel");
+}
+
+// One thread per output element, or per index when rows have no elements (the index is still checked).
+// An index outside [0, global_rows) raises *bad, sharded or not: the CPU path checks every index against
+// the global row count (executor.hpp, row_sharded) and fails, so the GPU path must fail too.
 template <class T>
 __global__ void gather_kernel(const T* table, const std::int32_t* indices, T* out, std::int64_t n, std::int64_t rows,
-                              std::int64_t row, std::int64_t first_row, bool sharded, int* bad) {
-  PARTIR_GRID_LOOP(k, n * row) {
-    const std::int64_t i = k / row, e = k % row;
-    const std::int64_t r = indices[i] - first_row;
-    if (r < 0 || r >= rows) {
-      if (!sharded) *bad = 1;
-      out[k] = T(0);
-    } else {
-      out[k] = table[r * row + e];
-    }
+                              std::int64_t row, std::int64_t first_row, std::int64_t global_rows, int* bad) {
+  const std::int64_t per = row > 0 ? row : 1;
+  PARTIR_GRID_LOOP(k, n * per) {
+    const std::int64_t i = k / per, e = k % per;
+    const std::int64_t index = indices[i];
+    if (e == 0 && (index < 0 || index >= global_rows)) *bad = 1;
+    if (row == 0) continue;
+    const std::int64_t r = index - first_row;
+    out[k] = r >= 0 && r < rows ? table[r * row + e] : T(0);
   }
 }
 
 template <class T>
 __global__ void scatter_add_kernel(const std::int32_t* indices, const T* updates, T* out, std::int64_t n,
-                                   std::int64_t rows, std::int64_t row, std::int64_t first_row, bool sharded, int* bad) {
-  PARTIR_GRID_LOOP(k, n * row) {
-    const std::int64_t i = k / row, e = k % row;
-    const std::int64_t r = indices[i] - first_row;
-    if (r < 0 || r >= rows) {
-      if (!sharded) *bad = 1;
-    } else {
-      atomicAdd(out + r * row + e, updates[k]);
-    }
+                                   std::int64_t rows, std::int64_t row, std::int64_t first_row,
+                                   std::int64_t global_rows, int* bad) {
+  const std::int64_t per = row > 0 ? row : 1;
+  PARTIR_GRID_LOOP(k, n * per) {
+    const std::int64_t i = k / per, e = k % per;
+    const std::int64_t index = indices[i];
+    if (e == 0 && (index < 0 || index >= global_rows)) *bad = 1;
+    if (row == 0) continue;
+    const std::int64_t r = index - first_row;
+    if (r >= 0 && r < rows) atomicAdd(out + r * row + e, updates[k]);
   }
 }
 
@@ -272,37 +286,48 @@ void strided_copy(int element_bytes, const StridedShape& s, const void* src, voi
   device::check_launch("strided_copy_kernel");
 }
 
-void reduce(bool take_max, DType t, const ReduceShape& s, const void* x, void* out, cudaStream_t stream) {
+void reduce(bool take_max, DType t, const ReduceShape& s, const void* x, void* out, void* scratch, cudaStream_t stream) {
   if (s.outputs == 0) return;
-  const unsigned grid = static_cast<unsigned>(s.outputs < 65535 * 32 ? s.outputs : 65535 * 32);
+  const std::int64_t parts = scratch ? reduce_parts(s) : 1;
   device::by_type(t, [&](auto z) {
     using T = decltype(z);
-    if (take_max)
-      device::reduce_kernel<T, true><<<grid, device::threads, 0, stream>>>(s, static_cast<const T*>(x), static_cast<T*>(out));
-    else
-      device::reduce_kernel<T, false><<<grid, device::threads, 0, stream>>>(s, static_cast<const T*>(x), static_cast<T*>(out));
+    auto pass = [&](const ReduceShape& shape, std::int64_t p, const void* from, void* to) {
+      if (take_max) device::reduce_pass<T, true>(shape, p, static_cast<const T*>(from), static_cast<T*>(to), stream);
+      else device::reduce_pass<T, false>(shape, p, static_cast<const T*>(from), static_cast<T*>(to), stream);
+    };
+    if (parts == 1) {
+      pass(s, 1, x, out);
+    } else {  // chunks into scratch, then each output's chunks (same stream: in order)
+      pass(s, parts, x, scratch);
+      pass(partials_shape(s.outputs, parts), 1, scratch, out);
+    }
   });
-  device::check_launch("reduce_kernel");
 }
 
 void gather(DType t, const void* table, const std::int32_t* indices, void* out, std::int64_t n, std::int64_t rows,
-            std::int64_t row_elements, std::int64_t first_row, bool sharded, int* bad_index, cudaStream_t stream) {
-  if (n * row_elements == 0) return;
+            std::int64_t row_elements, std::int64_t first_row, std::int64_t global_rows, int* bad_index,
+            cudaStream_t stream) {
+  if (n == 0) return;
+  const std::int64_t threads = n * (row_elements > 0 ? row_elements : 1);
   device::by_type(t, [&](auto z) {
     using T = decltype(z);
-    device::gather_kernel<T><<<device::blocks_for(n * row_elements), device::threads, 0, stream>>>(
-        static_cast<const T*>(table), indices, static_cast<T*>(out), n, rows, row_elements, first_row, sharded, bad_index);
+    device::gather_kernel<T><<<device::blocks_for(threads), device::threads, 0, stream>>>(
+        static_cast<const T*>(table), indices, static_cast<T*>(out), n, rows, row_elements, first_row, global_rows,
+        bad_index);
   });
   device::check_launch("gather_kernel");
 }
 
 void scatter_add(DType t, const std::int32_t* indices, const void* updates, void* out, std::int64_t n, std::int64_t rows,
-                 std::int64_t row_elements, std::int64_t first_row, bool sharded, int* bad_index, cudaStream_t stream) {
-  if (n * row_elements == 0) return;
+                 std::int64_t row_elements, std::int64_t first_row, std::int64_t global_rows, int* bad_index,
+                 cudaStream_t stream) {
+  if (n == 0) return;
+  const std::int64_t threads = n * (row_elements > 0 ? row_elements : 1);
   device::by_type(t, [&](auto z) {
     using T = decltype(z);
-    device::scatter_add_kernel<T><<<device::blocks_for(n * row_elements), device::threads, 0, stream>>>(
-        indices, static_cast<const T*>(updates), static_cast<T*>(out), n, rows, row_elements, first_row, sharded, bad_index);
+    device::scatter_add_kernel<T><<<device::blocks_for(threads), device::threads, 0, stream>>>(
+        indices, static_cast<const T*>(updates), static_cast<T*>(out), n, rows, row_elements, first_row, global_rows,
+        bad_index);
   });
   device::check_launch("scatter_add_kernel");
 }

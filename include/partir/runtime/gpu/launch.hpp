@@ -42,30 +42,68 @@ struct ReduceShape {
 PARTIR_HOST_DEVICE inline void view_offsets(const StridedShape& s, std::int64_t i, std::int64_t& from, std::int64_t& to) {
   from = 0;
   to = 0;
-  for (int d = s.rank - 1; d >= 0; --d) {
+  for (int d = s.rank - 1; d > 0; --d) {
     const std::int64_t index = i % s.shape[d];
     i /= s.shape[d];
     from += index * s.src[d];
     to += index * s.dst[d];
+  }
+  if (s.rank > 0) {  // i < the product of the shape, so what is left is the outermost index (no division)
+    from += i * s.src[0];
+    to += i * s.dst[0];
   }
 }
 
 // Output element o: the offset of its first input element; reduced element j: its offset from there.
 PARTIR_HOST_DEVICE inline std::int64_t kept_offset(const ReduceShape& s, std::int64_t o) {
   std::int64_t at = 0;
-  for (int d = s.kept_rank - 1; d >= 0; --d) {
+  for (int d = s.kept_rank - 1; d > 0; --d) {
     at += (o % s.kept[d]) * s.kept_stride[d];
     o /= s.kept[d];
   }
-  return at;
+  return s.kept_rank > 0 ? at + o * s.kept_stride[0] : at;  // o < s.outputs: what is left indexes dim 0
 }
 PARTIR_HOST_DEVICE inline std::int64_t reduced_offset(const ReduceShape& s, std::int64_t j) {
   std::int64_t at = 0;
-  for (int d = s.reduced_rank - 1; d >= 0; --d) {
+  for (int d = s.reduced_rank - 1; d > 0; --d) {
     at += (j % s.reduced[d]) * s.reduced_stride[d];
     j /= s.reduced[d];
   }
-  return at;
+  return s.reduced_rank > 0 ? at + j * s.reduced_stride[0] : at;  // j < s.count: what is left indexes dim 0
+}
+
+// A reduction to few outputs over many elements would leave most of the GPU idle with one block per output
+// (a loss summed over a whole batch runs on one SM), so each output's elements are split into `parts`
+// chunks: a first pass reduces every chunk into scratch (outputs x parts, row-major), a second pass
+// combines each output's chunks. Chunks and their order are fixed, so a result still depends on the data
+// only. 1: one pass.
+inline std::int64_t reduce_parts(const ReduceShape& s) {
+  if (s.outputs == 0 || s.outputs >= 512 || s.count < 16384) return 1;
+  const std::int64_t by_size = (s.count + 4095) / 4096, by_grid = (1024 + s.outputs - 1) / s.outputs;
+  const std::int64_t parts = by_size < by_grid ? by_size : by_grid;
+  return parts < 1 ? 1 : parts > 1024 ? 1024 : parts;
+}
+
+// Block b of a pass over `parts` chunks per output: its output o and its elements [first, last) of o's.
+PARTIR_HOST_DEVICE inline void reduce_chunk(const ReduceShape& s, std::int64_t parts, std::int64_t b, std::int64_t& o,
+                                            std::int64_t& first, std::int64_t& last) {
+  const std::int64_t chunk = (s.count + parts - 1) / parts;
+  o = b / parts;
+  first = b % parts * chunk;
+  last = first + chunk < s.count ? first + chunk : s.count;
+}
+
+// The second pass: `outputs` rows of `parts` partials each, summed or maxed along the rows.
+inline ReduceShape partials_shape(std::int64_t outputs, std::int64_t parts) {
+  ReduceShape s;
+  s.kept_rank = s.reduced_rank = 1;
+  s.kept[0] = outputs;
+  s.kept_stride[0] = parts;
+  s.reduced[0] = parts;
+  s.reduced_stride[0] = 1;
+  s.outputs = outputs;
+  s.count = parts;
+  return s;
 }
 
 namespace launch {
@@ -86,16 +124,24 @@ void fill(DType t, double value, void* out, std::int64_t n, cudaStream_t stream)
 // dst view = src view, elements of `element_bytes` (4 or 8): transpose, broadcast (stride 0), slice, pad,
 // concatenate, and the tile moves of collectives.
 void strided_copy(int element_bytes, const StridedShape& s, const void* src, void* dst, cudaStream_t stream);
-// Sum or max over the reduced dims (empty reductions give 0 or the lowest value).
-void reduce(bool take_max, DType t, const ReduceShape& s, const void* x, void* out, cudaStream_t stream);
-// out[i, :] = table[indices[i] - first_row, :] for the `n` indices; rows outside [0, rows) give zeros, and
-// when `sharded` is false they also set *bad_index (a device flag the executor reads after the run).
+// Sum or max over the reduced dims (empty reductions give 0 or the lowest value). `scratch` holds
+// s.outputs * reduce_parts(s) elements of t when reduce_parts(s) > 1 (else it may be null; a null scratch
+// makes it one pass).
+void reduce(bool take_max, DType t, const ReduceShape& s, const void* x, void* out, void* scratch, cudaStream_t stream);
+// out[i, :] = table[indices[i] - first_row, :] for the `n` indices, where this table holds rows
+// [first_row, first_row + rows) of a table of `global_rows` rows (unsharded: first_row 0, global_rows ==
+// rows). Rows this table does not hold give zeros; an index outside [0, global_rows) also sets *bad_index
+// (a device flag the executor reads after the run), as the CPU kernels check every index against the
+// global row count. Indices are checked even when rows have no elements.
 void gather(DType t, const void* table, const std::int32_t* indices, void* out, std::int64_t n, std::int64_t rows,
-            std::int64_t row_elements, std::int64_t first_row, bool sharded, int* bad_index, cudaStream_t stream);
-// out[indices[i] - first_row, :] += updates[i, :] (out must be zeroed first); rows outside are skipped as
-// in gather. Float sums arrive in no fixed order (atomics): results can differ in the last bits run to run.
+            std::int64_t row_elements, std::int64_t first_row, std::int64_t global_rows, int* bad_index,
+            cudaStream_t stream);
+// out[indices[i] - first_row, :] += updates[i, :] (out must be zeroed first); rows outside are skipped and
+// indices checked as in gather. Float sums arrive in no fixed order (atomics): results can differ in the
+// last bits run to run.
 void scatter_add(DType t, const std::int32_t* indices, const void* updates, void* out, std::int64_t n, std::int64_t rows,
-                 std::int64_t row_elements, std::int64_t first_row, bool sharded, int* bad_index, cudaStream_t stream);
+                 std::int64_t row_elements, std::int64_t first_row, std::int64_t global_rows, int* bad_index,
+                 cudaStream_t stream);
 
 }  // namespace launch
 }  // namespace partir::gpu

@@ -100,19 +100,31 @@ inline View tiles_view(const Shape& shape, std::int64_t dim, std::int64_t tiles,
 // Tiles along `dim` are already contiguous blocks when every dim before it has size 1.
 inline bool tiles_are_blocks(const Shape& shape, std::int64_t dim) { return layout::split(shape, dim, 1).outer == 1; }
 
+// Neighbouring non-unit dims on the same side are fused into one (row-major: the outer one's stride is
+// the inner one's times its size), so the kernels' index arithmetic divides once per side in the common
+// cases (reduce the last dims, reduce the leading dims, reduce everything).
 inline ReduceShape reduce_shape(const Shape& x, const std::vector<std::int64_t>& dims, OpKind kind) {
   const Strides xs = kernels::row_major_strides(x);
   ReduceShape s;
+  int last_side = -1;  // side of the previous non-unit dim: 1 reduced, 0 kept
   for (std::size_t d = 0; d < x.size(); ++d) {
     const bool reduced = std::find(dims.begin(), dims.end(), static_cast<std::int64_t>(d)) != dims.end();
     if (x[d] == 1) continue;  // contributes nothing to either side
     int& rank = reduced ? s.reduced_rank : s.kept_rank;
+    std::int64_t* sizes = reduced ? s.reduced : s.kept;
+    std::int64_t* strides = reduced ? s.reduced_stride : s.kept_stride;
+    (reduced ? s.count : s.outputs) *= x[d];
+    if (last_side == static_cast<int>(reduced)) {  // adjacent in memory: fuse with the previous dim
+      sizes[rank - 1] *= x[d];
+      strides[rank - 1] = xs[d];
+      continue;
+    }
+    last_side = static_cast<int>(reduced);
     if (rank == max_rank)
       user_error(std::string(name_of(kind)) + ": operand rank " + std::to_string(x.size()) +
                  " exceeds the GPU kernels' limit of " + std::to_string(max_rank) + " non-unit dims per side");
-    (reduced ? s.reduced : s.kept)[rank] = x[d];
-    (reduced ? s.reduced_stride : s.kept_stride)[rank] = xs[d];
-    (reduced ? s.count : s.outputs) *= x[d];
+    sizes[rank] = x[d];
+    strides[rank] = xs[d];
     ++rank;
   }
   return s;
