@@ -72,11 +72,18 @@ TEST_CASE("cost model: FLOPs from the rule's iteration space, bytes read and wri
   const Work dot = local_work(local_op(OpKind::dot_general, {0, 1}, {{8, 4}}, mm), dot_in);
   CHECK(dot.flops == 2 * 8 * 16 * 4);
   CHECK(dot.bytes == (8 * 16 + 16 * 4 + 8 * 4) * 4);
+  CHECK(dot.gemm_dim == 4);  // M 8, K 16, N 4
 
   Attrs batched;
   batched.dot = {{0}, {0}, {2}, {1}};
   const std::vector<TensorType> bmm_in{{{3, 8, 16}}, {{3, 16, 4}}};
   CHECK(local_work(local_op(OpKind::dot_general, {0, 1}, {{3, 8, 4}}, batched), bmm_in).flops == 2 * 3 * 8 * 16 * 4);
+  // The batch dim (3) is a loop, not a GEMM dim.
+  CHECK(local_work(local_op(OpKind::dot_general, {0, 1}, {{3, 8, 4}}, batched), bmm_in).gemm_dim == 4);
+  const std::vector<TensorType> weight_grad_in{{{2, 64, 16}}, {{2, 64, 8}}};  // [B,T,D] x [B,T,H] over B,T
+  Attrs over_tokens;
+  over_tokens.dot = {{}, {}, {0, 1}, {0, 1}};
+  CHECK(local_work(local_op(OpKind::dot_general, {0, 1}, {{16, 8}}, over_tokens), weight_grad_in).gemm_dim == 8);
 
   const std::vector<TensorType> pair{{{10}}, {{10}}};
   const Work add = local_work(local_op(OpKind::add, {0, 1}, {{10}}), pair);
@@ -117,6 +124,13 @@ TEST_CASE("cost model: roofline and ring formulas") {
   CHECK(cached.bandwidth(OpKind::add, 1e4) == doctest::Approx(3e9));
   CHECK(cached.bandwidth(OpKind::add, 1e7) == doctest::Approx(2e9));
   CHECK(cached.bandwidth(OpKind::transpose, 1e2) == doctest::Approx(1e9));
+  // GEMMs with a small dim: the curve's fraction of the peak at their smallest of M, N, K (log-interpolated).
+  HardwareProfile shaped = hw;
+  shaped.gemm_curve = {{16, 0.25}, {256, 0.75}, {1024, 1}};
+  CHECK(roofline_seconds({1e9, 0, 16}, OpKind::dot_general, DType::f32, shaped) == doctest::Approx(4.0));
+  CHECK(roofline_seconds({1e9, 0, 64}, OpKind::dot_general, DType::f32, shaped) == doctest::Approx(2.0));
+  CHECK(roofline_seconds({1e9, 0, 4096}, OpKind::dot_general, DType::f32, shaped) == doctest::Approx(1.0));
+  CHECK(roofline_seconds({1e9, 0, 16}, OpKind::add, DType::f32, shaped) == doctest::Approx(1.0));
   CHECK_THROWS_WITH_AS(roofline_seconds({1, 1}, OpKind::add, DType::f64, hw),
                        "hardware profile 'unit' has no peak FLOP/s for f64", UserError);
 
@@ -129,6 +143,14 @@ TEST_CASE("cost model: roofline and ring formulas") {
   CHECK(ring_seconds(CK::all_reduce, 4, 4000, link) == doctest::Approx(12e-6));
   CHECK(ring_seconds(CK::all_slice, 4, 4000, link) == 0);
   CHECK(ring_seconds(CK::all_reduce, 1, 4000, link) == 0);
+  // Measured points: interpolated between them, at the largest one's rate above, the formula below.
+  Link measured = link;
+  measured.measured = {{1000, 1e-3}, {3000, 5e-3}};
+  CHECK(ring_seconds(CK::all_gather, 4, 2000, measured) == doctest::Approx(3e-3));
+  CHECK(ring_seconds(CK::all_gather, 4, 3000, measured) == doctest::Approx(5e-3));
+  CHECK(ring_seconds(CK::all_gather, 4, 6000, measured) == doctest::Approx(10e-3));
+  CHECK(ring_seconds(CK::all_gather, 4, 4000, measured) == doctest::Approx(5e-3 * 4 / 3));
+  CHECK(ring_seconds(CK::all_gather, 4, 400, measured) == ring_seconds(CK::all_gather, 4, 400, link));
   CHECK(wire_bytes(CK::all_reduce, 4, 4000) == 6000);
   CHECK(wire_bytes(CK::all_gather, 4, 4000) == 3000);
   CHECK(bus_factor(CK::all_reduce, 4) == 1.5);
@@ -165,9 +187,11 @@ TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
   }
   HardwareProfile hw = unit_profile();
   hw.name = "odd \"name\"\n\twith escapes";
-  hw.links.push_back({"model", "all_to_all", 8, {1.0 / 3, 1e-10 / 7}});
+  hw.links.push_back({"model", "all_to_all", 8, {1.0 / 3, 1e-10 / 7, {{65536, 2e-5}, {1 << 20, 3e-4}}}});
   hw.op_bandwidth = {{OpKind::transpose, 2.5e9}, {OpKind::broadcast_in_dim, 1e10}};
   hw.cache_curve = {{786432, 6.1e10}, {5e7, 1e9}};
+  hw.gemm_curve = {{16, 0.3}, {1024, 1}};
+  hw.elementwise_flops = {{DType::f32, 9e9}};
   hw.memory_capacity = std::int64_t{141} << 30;
   CHECK(HardwareProfile::from_json(json::parse(hw.to_json().dump(2))) == hw);
 
@@ -186,6 +210,12 @@ TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
   CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(
                            R"({"name": "x", "peak_flops": {}, "memory_bandwidth": 1, "op_bandwidth": {"fft": 1}})")),
                        "unknown op kind 'fft'", UserError);
+  CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(R"({"name": "x", "peak_flops": {}, "memory_bandwidth": 1,
+                           "links": [{"alpha": 0, "beta": 0, "measured": [[2048, 1e-5], [1024, 2e-5]]}]})")),
+                       "links: measured: points must increase", UserError);
+  CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(
+                           R"({"name": "x", "peak_flops": {}, "memory_bandwidth": 1, "cache_curve": [[1, 2, 3]]})")),
+                       "cache_curve: each point is [bytes, bytes per second]", UserError);
 }
 
 TEST_CASE("json: reads what it writes; errors name the offset") {
@@ -238,6 +268,13 @@ TEST_CASE("simulate: a fused elementwise chain is one pass over memory") {
   CHECK(fused.timeline.at(0).bound == "fused");
   CHECK(fused.timeline.at(0).bytes == 0);
   CHECK(fused.flops == unfused.flops);
+  // With an elementwise rate below the GEMM peak, steps pay it: mul 256 FLOPs, and the root's 256 FLOPs now
+  // outlast its 2 KiB of memory traffic.
+  HardwareProfile vector_bound = unit_profile();
+  vector_bound.elementwise_flops[DType::f32] = 0.1e9;
+  const Report slow = simulate(p, vector_bound);
+  CHECK(slow.compute_seconds == doctest::Approx(2 * 256 / 0.1e9));
+  CHECK(slow.timeline.at(1).bound == "compute");
 }
 
 TEST_CASE("simulate: peak memory from liveness, with its breakdown, equals the executor's") {

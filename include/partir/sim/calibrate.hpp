@@ -3,7 +3,9 @@
 // are what an SPMD step pays there. Every device calls it at the same time (it issues collectives), so
 // compute is measured with all devices busy at once, as in a real step (devices that share cores or memory
 // bandwidth see their share). Measured:
-//   - peak FLOP/s per dtype: dot_general through the CPU kernels on a few MLP-sized GEMMs (the median);
+//   - peak FLOP/s per dtype and the GEMM curve: dot_general through the CPU kernels on GEMMs whose
+//     smallest dim runs from 16 to 1024;
+//   - elementwise FLOP/s per dtype: the steps of a fused elementwise chain on data in cache;
 //   - memory bandwidth: an elementwise add, counting both reads and the write, from cache-sized arrays to
 //     arrays larger than the caches (the cache curve); the strided copies broadcast_in_dim and transpose
 //     on large arrays, whose kernels stream at other rates;
@@ -18,6 +20,7 @@
 #include <limits>
 
 #include "partir/runtime/executor.hpp"
+#include "partir/runtime/fused_kernel.hpp"
 #include "partir/sim/cost_model.hpp"
 
 namespace partir {
@@ -85,20 +88,54 @@ inline Op dot_op(std::int64_t m, std::int64_t n, DType t) {
   return Op{OpKind::dot_general, {0, 1}, a, {{m, n}, t}, ""};
 }
 
+// GEMMs [d, 1024] x [1024, 1024] for a smallest dim d from 16 to 1024: the fastest rate is the peak, and
+// each d's fraction of it a point of the GEMM curve.
 template <Communicator C>
-double gemm_flops_per_second(C& comm, DType t, const CalibrationOptions& o) {
-  // MLP-sized products: forward [B,D]x[D,H], backward weight gradient [D,B]x[B,H], a square one.
-  const std::vector<std::array<std::int64_t, 3>> shapes = {{256, 1024, 4096}, {1024, 256, 4096}, {1024, 1024, 1024}};
-  std::vector<double> rates;
-  for (const auto& [m, k, n] : shapes) {
-    const Array lhs(TensorType{{m, k}, t}), rhs(TensorType{{k, n}, t});
+void measure_gemms(C& comm, DType t, const CalibrationOptions& o, HardwareProfile& hw) {
+  std::vector<std::pair<double, double>> rates;
+  for (std::int64_t d : {16, 64, 256, 1024}) {
+    const std::int64_t k = 1024, n = 1024;
+    const Array lhs(TensorType{{d, k}, t}), rhs(TensorType{{k, n}, t});
     const std::array<const Array*, 2> operands{&lhs, &rhs};
-    const Op op = dot_op(m, n, t);
+    const Op op = dot_op(d, n, t);
     const double s = best_seconds_per_call(comm, o, o.iterations, [&] { (void)eval(op, operands); });
-    rates.push_back(2.0 * static_cast<double>(m * k * n) / s);
+    rates.emplace_back(static_cast<double>(d), 2.0 * static_cast<double>(d * k * n) / s);
   }
-  std::sort(rates.begin(), rates.end());
-  return rates[rates.size() / 2];
+  double peak = 0;
+  for (const auto& [d, rate] : rates) peak = std::max(peak, rate);
+  hw.peak_flops[t] = peak;
+  if (t != DType::f32) return;  // one curve: the shape effect is the blocking's, whatever the dtype
+  hw.gemm_curve.clear();
+  for (const auto& [d, rate] : rates) hw.gemm_curve.emplace_back(d, rate / peak);
+}
+
+// A fused chain of `steps` elementwise steps over one input of `elements` ones, cycling through mul, add,
+// div and sqrt (an optimizer update's mix); every step reads the previous one and the input.
+inline FusionGroup elementwise_chain(int steps, std::int64_t elements, DType t) {
+  FusionGroup g{.root = steps, .type = {{elements}, t}, .inputs = {{0, 1, 0}}, .steps = {}};
+  const OpKind kinds[] = {OpKind::mul, OpKind::add, OpKind::div, OpKind::sqrt};
+  for (int s = 0; s < steps; ++s) {
+    const OpKind k = kinds[s % 4];
+    const int previous = s == 0 ? -1 : s - 1;
+    g.steps.push_back({s + 1, k, CompareDir::eq, k == OpKind::sqrt ? std::vector<int>{previous} : std::vector<int>{previous, -1}});
+  }
+  return g;
+}
+
+// FLOP/s of elementwise steps inside a fused chain, on data in cache: the slope between a chain of 9 steps
+// and one of 1, so that reading the input and writing the result cancel out.
+template <Communicator C>
+double elementwise_flops_per_second(C& comm, DType t, const CalibrationOptions& o) {
+  const std::int64_t elements = std::int64_t{1} << 15;  // 128 KiB in f32: in L2 with the chain's tiles
+  Array x(TensorType{{elements}, t});
+  kernels::visit_float_dtype(t, OpKind::mul, [&](auto zero) { std::fill_n(kernels::ptr<decltype(zero)>(x), elements, decltype(zero)(1)); });
+  const std::array<const Array*, 1> inputs{&x};
+  auto seconds = [&](int steps) {
+    const FusionGroup g = elementwise_chain(steps, elements, t);
+    return best_seconds_per_call(comm, o, o.iterations * 10, [&] { (void)eval_fused(g, inputs); });
+  };
+  const double one = seconds(1), nine = seconds(9);
+  return nine > one ? 8.0 * static_cast<double>(elements) / (nine - one) : 9.0 * static_cast<double>(elements) / nine;
 }
 
 // Seconds of one op on zero-filled operands of the given types.
@@ -153,9 +190,12 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
   hw.name = o.name;
   const std::int64_t devices = comm.num_devices();
   hw.source = "calibrated on " + std::to_string(devices) + " devices running at once";
-  hw.peak_flops[DType::f32] = cal::gemm_flops_per_second(comm, DType::f32, o);
-  hw.peak_flops[DType::f64] = cal::gemm_flops_per_second(comm, DType::f64, o);
+  cal::measure_gemms(comm, DType::f32, o, hw);
+  cal::measure_gemms(comm, DType::f64, o, hw);
   hw.peak_flops[DType::i32] = hw.peak_flops[DType::f32];  // i32 ops are elementwise: memory bound anyway
+  hw.elementwise_flops[DType::f32] = cal::elementwise_flops_per_second(comm, DType::f32, o);
+  hw.elementwise_flops[DType::f64] = cal::elementwise_flops_per_second(comm, DType::f64, o);
+  hw.elementwise_flops[DType::i32] = hw.elementwise_flops[DType::f32];
   // 16 MiB per tensor, MLP-sized: bigger than the caches, small enough for the allocator to reuse.
   const TensorType flat{{std::int64_t{1} << 22}}, wide{{1024, 4096}}, tall{{4096, 1024}}, scalar{{}};
   for (std::int64_t elements = std::int64_t{1} << 18; elements <= flat.elements(); elements *= 2) {
@@ -190,13 +230,16 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
         samples.emplace_back(static_cast<double>(std::max(c.operand.bytes(), c.result.bytes())), t);
       }
       const double steps = static_cast<double>((kind == CollectiveKind::all_reduce ? 2 : 1) * (n - 1));
-      hw.links.push_back({"*", std::string(name_of(kind)), n, cal::fit_ring(samples, steps, static_cast<double>(n))});
+      Link link = cal::fit_ring(samples, steps, static_cast<double>(n));
+      link.measured = samples;
+      hw.links.push_back({"*", std::string(name_of(kind)), n, std::move(link)});
     }
   }
-  // Any other collective (group sizes not measured): the all_reduce link of the largest group.
+  // Any other collective (group sizes not measured): the all_reduce line of the largest group (its measured
+  // times are of that group size).
   for (auto it = hw.links.rbegin(); it != hw.links.rend(); ++it)
     if (it->collective == "all_reduce") {
-      hw.links.push_back({"*", "*", 0, it->link});
+      hw.links.push_back({"*", "*", 0, {it->link.alpha, it->link.beta, {}}});
       break;
     }
   if (hw.links.empty()) hw.links.push_back({"*", "*", 0, {}});  // one device: no communication to cost

@@ -3,12 +3,16 @@
 //   Local ops: a roofline. FLOPs = FLOPs per point x the op's iteration space, the product of the factor
 //   sizes of its rule in the tile-mapping registry (dot_general: 2 x batch x M x N x K; reduce: the operand's
 //   elements; elementwise: the result's elements); layout ops move data and do no arithmetic. Bytes = the
-//   operands read plus the result written. Time = op_overhead + max(FLOPs / peak, bytes / bandwidth), the
+//   operands read plus the result written. Time = op_overhead + max(FLOPs / rate, bytes / bandwidth) (rate:
+//   the GEMM peak for dot_general, scaled by the profile's GEMM curve at its smallest dim; the elementwise
+//   rate for the rest), the
 //   bandwidth of the op's kind where the profile has one (strided copies), else memory_bandwidth, scaled by
 //   the profile's cache curve at this working set.
 //   Collectives: ring algorithms on a group of n devices, S = the larger of the local operand and result
 //   buffers, one alpha-beta link: all_gather, reduce_scatter and all_to_all (n-1)(alpha + beta S/n),
-//   all_reduce twice that; all_slice communicates nothing and is costed as the local copy it is.
+//   all_reduce twice that, or the link's measured times where it has them; all_slice communicates nothing
+//   and is costed as the local copy it is.
+#include <algorithm>
 #include <span>
 
 #include "partir/sharding/rules.hpp"
@@ -19,7 +23,25 @@ namespace partir {
 struct Work {
   double flops = 0;
   double bytes = 0;
+  double gemm_dim = 0;  // dot_general: the smallest of M, N and K (HardwareProfile::gemm_curve)
 };
+
+// The GEMM a dot_general runs per batch element: M (lhs free), N (rhs free), K (contracted); the smallest.
+inline double gemm_dim(const DotDims& d, const Shape& lhs, const Shape& rhs) {
+  auto product = [](const Shape& s, const std::vector<std::int64_t>& skip1, const std::vector<std::int64_t>& skip2,
+                    bool keep) {
+    double p = 1;
+    for (std::int64_t i = 0; i < static_cast<std::int64_t>(s.size()); ++i) {
+      const bool listed = std::find(skip1.begin(), skip1.end(), i) != skip1.end() ||
+                          std::find(skip2.begin(), skip2.end(), i) != skip2.end();
+      if (listed == keep) p *= static_cast<double>(s[static_cast<std::size_t>(i)]);
+    }
+    return p;
+  };
+  const double m = product(lhs, d.lhs_batch, d.lhs_contract, false), n = product(rhs, d.rhs_batch, d.rhs_contract, false),
+               k = product(lhs, d.lhs_contract, {}, true);
+  return std::min({m, n, k});
+}
 
 // Arithmetic per point of an op's iteration space: a multiply-add for dot_general, one operation for
 // elementwise ops and reductions, none for ops that only move data.
@@ -37,6 +59,7 @@ inline Work local_work(const Op& op, std::span<const TensorType> in) {
   for (const auto& t : in) w.bytes += static_cast<double>(t.bytes());
   // scatter_add adds each update row into the table: one add per update element.
   if (op.kind == OpKind::scatter_add) w.flops = static_cast<double>(in[1].elements());
+  if (op.kind == OpKind::dot_general) w.gemm_dim = gemm_dim(op.attrs.dot, in[0].shape, in[1].shape);
   if (const double per_point = flops_per_point(op.kind); per_point > 0) {
     double points = 1;
     for (const auto& f : rule_for(op, in).factors) points *= static_cast<double>(f.size);
@@ -47,7 +70,7 @@ inline Work local_work(const Op& op, std::span<const TensorType> in) {
 
 // The slower of the two roofline limits of an op of kind k decides; `compute_bound` tells which.
 inline double roofline_seconds(const Work& w, OpKind k, DType t, const HardwareProfile& hw, bool* compute_bound = nullptr) {
-  const double compute = w.flops > 0 ? w.flops / hw.flops_per_second(t) : 0;
+  const double compute = w.flops > 0 ? w.flops / hw.flops_per_second(k, t, w.gemm_dim) : 0;
   const double bandwidth = hw.bandwidth(k, w.bytes);
   const double memory = bandwidth > 0 ? w.bytes / bandwidth : 0;
   if (compute_bound) *compute_bound = compute >= memory;
@@ -55,8 +78,19 @@ inline double roofline_seconds(const Work& w, OpKind k, DType t, const HardwareP
 }
 
 // Ring time of a collective moving a buffer of `bytes` (the larger of operand and result) over n devices.
+// A link with measured points: between two of them, interpolated linearly; above the largest, at its rate
+// (seconds per byte); below the smallest, the ring formula.
 inline double ring_seconds(CollectiveKind k, std::int64_t n, double bytes, const Link& link) {
   if (n <= 1 || k == CollectiveKind::all_slice) return 0;
+  const auto& m = link.measured;
+  if (!m.empty() && bytes >= m.front().first) {
+    for (std::size_t i = 1; i < m.size(); ++i)
+      if (bytes <= m[i].first) {
+        const double f = (bytes - m[i - 1].first) / (m[i].first - m[i - 1].first);
+        return m[i - 1].second + f * (m[i].second - m[i - 1].second);
+      }
+    return m.back().second * bytes / m.back().first;
+  }
   const double steps = static_cast<double>((k == CollectiveKind::all_reduce ? 2 : 1) * (n - 1));
   return steps * (link.alpha + link.beta * bytes / static_cast<double>(n));
 }

@@ -16,10 +16,14 @@
 
 namespace partir {
 
-// Cost of one message of b bytes: alpha + beta * b.
+// Cost of one message of b bytes: alpha + beta * b. A calibrated link also keeps what it measured: the
+// seconds of a whole collective by buffer size, {bytes, seconds} in increasing bytes. One alpha-beta line
+// cannot follow the caches (on the 2-core VM a 16 MiB all_reduce takes 9x a 4 MiB one, not 4x), so within
+// the measured sizes the simulator interpolates them instead (cost_model.hpp).
 struct Link {
   double alpha = 0;  // seconds per message
   double beta = 0;   // seconds per byte (1 / bandwidth)
+  std::vector<std::pair<double, double>> measured;
   friend bool operator==(const Link&, const Link&) = default;
 };
 
@@ -49,7 +53,15 @@ inline OpKind parse_op_kind(std::string_view s) {
 struct HardwareProfile {
   std::string name;
   std::string source;                  // where the figures come from (spec sheet, calibration run)
-  std::map<DType, double> peak_flops;  // per device, FLOP/s
+  std::map<DType, double> peak_flops;  // per device, FLOP/s of dot_general
+  // GEMMs with a small dim run below the peak (packing and edges weigh more): {the smallest of M, N and K,
+  // fraction of peak_flops} in increasing dims, log-interpolated, the nearest point's outside them. Empty:
+  // the peak whatever the shape.
+  std::vector<std::pair<double, double>> gemm_curve;
+  // FLOP/s of elementwise arithmetic and reductions (one operation per element), which run on vector units
+  // at a fraction of the GEMM peak on CPUs: what a fused chain's steps pay besides its one pass over memory.
+  // A dtype without an entry: its peak_flops.
+  std::map<DType, double> elementwise_flops;
   double memory_bandwidth = 0;         // bytes/s per device, operands read plus results written
   // Op kinds whose kernels move bytes at another rate than streaming elementwise ops (strided copies such
   // as transpose and broadcast_in_dim): bytes/s, by op kind.
@@ -68,22 +80,28 @@ struct HardwareProfile {
       user_error("hardware profile '" + name + "' has no peak FLOP/s for " + std::string(name_of(t)));
     return it->second;
   }
+  // The arithmetic rate of an op of kind k: the GEMM peak for dot_general, the elementwise rate otherwise.
+  // gemm_dim: a dot_general's smallest of M, N and K.
+  double flops_per_second(OpKind k, DType t, double gemm_dim = 0) const {
+    if (k == OpKind::dot_general) return flops_per_second(t) * (gemm_curve.empty() ? 1 : interpolate(gemm_curve, gemm_dim));
+    auto it = elementwise_flops.find(t);
+    return it != elementwise_flops.end() && it->second > 0 ? it->second : flops_per_second(t);
+  }
 
   // Bytes/s of an op of kind k moving `bytes`: the kind's rate for large operands, sped up as much as the
   // cache curve speeds up streaming at this working set.
   double bandwidth(OpKind k, double bytes) const {
     auto it = op_bandwidth.find(k);
     const double large = it != op_bandwidth.end() ? it->second : memory_bandwidth;
-    return cache_curve.empty() ? large : large * streaming(bytes) / cache_curve.back().second;
+    return cache_curve.empty() ? large : large * interpolate(cache_curve, bytes) / cache_curve.back().second;
   }
 
-  // The cache curve at `bytes`.
-  double streaming(double bytes) const {
-    const auto& c = cache_curve;
-    if (bytes <= c.front().first) return c.front().second;
+  // A curve's value at x: interpolated in log(x) between points, the nearest point's outside them.
+  static double interpolate(const std::vector<std::pair<double, double>>& c, double x) {
+    if (x <= c.front().first) return c.front().second;
     for (std::size_t i = 1; i < c.size(); ++i)
-      if (bytes <= c[i].first) {
-        const double f = std::log(bytes / c[i - 1].first) / std::log(c[i].first / c[i - 1].first);
+      if (x <= c[i].first) {
+        const double f = std::log(x / c[i - 1].first) / std::log(c[i].first / c[i - 1].first);
         return c[i - 1].second + f * (c[i].second - c[i - 1].second);
       }
     return c.back().second;
@@ -120,10 +138,20 @@ struct HardwareProfile {
       json::Value rule = json::object();
       rule.set("axis", r.axis).set("collective", r.collective).set("group_size", r.group_size);
       rule.set("alpha", r.link.alpha).set("beta", r.link.beta);
+      if (!r.link.measured.empty()) {
+        json::Value points = json::array();
+        for (const auto& [bytes, seconds] : r.link.measured) points.push(json::array().push(bytes).push(seconds));
+        rule.set("measured", std::move(points));
+      }
       rules.push(std::move(rule));
     }
+    json::Value gemm = json::array();
+    for (const auto& [dim, fraction] : gemm_curve) gemm.push(json::array().push(dim).push(fraction));
+    json::Value elementwise = json::object();
+    for (const auto& [t, f] : elementwise_flops) elementwise.set(std::string(name_of(t)), f);
     json::Value out = json::object();
     out.set("name", name).set("source", source).set("peak_flops", std::move(flops));
+    out.set("gemm_curve", std::move(gemm)).set("elementwise_flops", std::move(elementwise));
     json::Value per_op = json::object();
     for (const auto& [k, b] : op_bandwidth) per_op.set(std::string(name_of(k)), b);
     json::Value curve = json::array();
@@ -139,16 +167,13 @@ struct HardwareProfile {
     p.name = v.at("name").string();
     if (auto* s = v.find("source")) p.source = s->string();
     for (const auto& [t, f] : v.at("peak_flops").object()) p.peak_flops[parse_dtype(t)] = f.number();
+    if (auto* g = v.find("gemm_curve")) p.gemm_curve = points(*g, "gemm_curve", "[smallest dim, fraction of peak]");
+    if (auto* e = v.find("elementwise_flops"))
+      for (const auto& [t, f] : e->object()) p.elementwise_flops[parse_dtype(t)] = f.number();
     p.memory_bandwidth = v.at("memory_bandwidth").number();
     if (auto* per_op = v.find("op_bandwidth"))
       for (const auto& [k, b] : per_op->object()) p.op_bandwidth[parse_op_kind(k)] = b.number();
-    if (auto* curve = v.find("cache_curve"))
-      for (const auto& point : curve->array()) {
-        if (point.array().size() != 2) user_error("cache_curve: each point is [bytes, bytes per second]");
-        p.cache_curve.emplace_back(point.array()[0].number(), point.array()[1].number());
-      }
-    for (std::size_t i = 1; i < p.cache_curve.size(); ++i)
-      if (p.cache_curve[i].first <= p.cache_curve[i - 1].first) user_error("cache_curve: bytes must increase");
+    if (auto* curve = v.find("cache_curve")) p.cache_curve = points(*curve, "cache_curve", "[bytes, bytes per second]");
     if (auto* o = v.find("op_overhead")) p.op_overhead = o->number();
     if (auto* m = v.find("memory_capacity")) p.memory_capacity = m->integer();
     for (const auto& r : v.at("links").array()) {
@@ -157,7 +182,8 @@ struct HardwareProfile {
       if (auto* c = r.find("collective")) rule.collective = c->string();
       if (rule.collective != "*") parse_collective_kind(rule.collective);
       if (auto* g = r.find("group_size")) rule.group_size = g->integer();
-      rule.link = {r.at("alpha").number(), r.at("beta").number()};
+      rule.link = {r.at("alpha").number(), r.at("beta").number(), {}};
+      if (auto* m = r.find("measured")) rule.link.measured = points(*m, "links: measured", "[bytes, seconds]");
       p.links.push_back(std::move(rule));
     }
     return p;
@@ -173,12 +199,15 @@ struct HardwareProfile {
   }
 
   // The 2-core x86 VM partir is developed on (DESIGN.md, environment facts), one device per core:
-  // Eigen sgemm ~80 GFLOP/s per thread, memcpy ~11 GB/s, Open MPI shared memory ~4.8 GB/s bus bandwidth.
+  // Eigen sgemm ~80 GFLOP/s per thread (40% of it with a dim of 16, 73% at 64), fused elementwise steps ~9 G/s (f32), memcpy ~11 GB/s, Open MPI
+  // shared memory ~4.8 GB/s bus bandwidth.
   // A calibration run (bench/collectives --calibrate) replaces these with measured figures.
   static HardwareProfile cpu() {
     return {.name = "cpu",
             .source = "DESIGN.md environment facts (2-core x86 VM, Eigen, Open MPI shared memory)",
             .peak_flops = {{DType::f32, 80e9}, {DType::f64, 40e9}, {DType::i32, 20e9}},
+            .gemm_curve = {{16, 0.4}, {64, 0.73}, {256, 0.88}, {1024, 1}},
+            .elementwise_flops = {{DType::f32, 9e9}, {DType::f64, 3e9}, {DType::i32, 9e9}},
             .memory_bandwidth = 11e9,
             .op_overhead = 2e-6,
             .memory_capacity = std::int64_t{24} << 30,
@@ -225,6 +254,18 @@ struct HardwareProfile {
   friend bool operator==(const HardwareProfile&, const HardwareProfile&) = default;
 
  private:
+  // [[x, y], ...] with x increasing.
+  static std::vector<std::pair<double, double>> points(const json::Value& v, const std::string& what,
+                                                       const std::string& point) {
+    std::vector<std::pair<double, double>> out;
+    for (const auto& p : v.array()) {
+      if (p.array().size() != 2) user_error(what + ": each point is " + point);
+      out.emplace_back(p.array()[0].number(), p.array()[1].number());
+      if (out.size() > 1 && out.back().first <= out[out.size() - 2].first) user_error(what + ": points must increase");
+    }
+    return out;
+  }
+
   static HardwareProfile nvlink_gpu(std::string name, std::string source, double f32, double f64, double hbm,
                                     std::int64_t gib, double nvlink) {
     return {.name = std::move(name),

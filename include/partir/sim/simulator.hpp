@@ -112,7 +112,7 @@ inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
         t.flops = w.flops;
         if (fusion.skipped(v)) {
           t.bytes = 0;
-          t.seconds = w.flops / hw.flops_per_second(s.op.type.dtype);
+          t.seconds = w.flops / hw.flops_per_second(s.op.kind, s.op.type.dtype);
           t.bound = "fused";
         } else {
           bool compute_bound = false;
