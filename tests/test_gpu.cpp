@@ -357,6 +357,51 @@ TEST_SUITE("host") {
     }
   }
 
+  TEST_CASE("views: gather and scatter_add on row-tiled tables, through the kernels' index function, equal the CPU") {
+    // Tables of 1 to 4 shards of rows, as the executor's row_shard path launches them: the gathers of all
+    // shards add up to the whole gather (rows a shard lacks give zeros), the scatter_adds of all shards
+    // tile the whole one, and an index outside [0, global rows) is flagged on every shard.
+    Rng rng(16);
+    const std::int64_t global = 12, row = 3;
+    const Array table = random_array(rng, {{global, row}, DType::f64});
+    const std::vector<std::int32_t> idx{0, 5, 7, 11, 4, 5, 3, 11, 0, 8};
+    const auto n = static_cast<std::int64_t>(idx.size());
+    const Array indices({2, 5}, idx);
+    const Array updates = random_array(rng, {{2, 5, row}, DType::f64});
+    NamedArrays gather_in, scatter_in;
+    const Array want_rows = interpret(one_op(OpKind::gather, {table, indices}, {}, gather_in), gather_in).at("y");
+    Attrs a;
+    a.shape = {global, row};
+    const Array want_sum = interpret(one_op(OpKind::scatter_add, {indices, updates}, a, scatter_in), scatter_in).at("y");
+    for (std::int64_t shards : {1, 2, 3, 4}) {
+      INFO(shards << " shards");
+      const std::int64_t rows = global / shards;
+      Array got_rows(want_rows.type()), got_sum(want_sum.type());
+      int bad = 0;
+      for (std::int64_t first = 0; first < global; first += rows)
+        for (std::int64_t k = 0; k < n * row; ++k) {  // the kernels' threads, in order
+          const std::int64_t at = gpu::table_offset(idx.data(), k, row, rows, first, global, &bad);
+          if (at < 0) continue;
+          got_rows.set(k, got_rows.at(k) + table.at(first * row + at));
+          got_sum.set(first * row + at, got_sum.at(first * row + at) + updates.at(k));
+        }
+      CHECK(bad == 0);
+      CHECK(error(got_rows, want_rows) <= 1e-12);
+      CHECK(error(got_sum, want_sum) <= 1e-12);
+      for (std::int32_t outside : {12, -1})
+        for (std::int64_t width : {row, std::int64_t{0}}) {  // rows without elements still check their index
+          INFO("index " << outside << ", rows of " << width);
+          const std::vector<std::int32_t> bad_idx{5, outside};
+          for (std::int64_t first = 0; first < global; first += rows) {
+            bad = 0;
+            for (std::int64_t k = 0; k < 2 * std::max<std::int64_t>(width, 1); ++k)
+              gpu::table_offset(bad_idx.data(), k, width, rows, first, global, &bad);
+            CHECK(bad == 1);
+          }
+        }
+    }
+  }
+
   TEST_CASE("gemm plans: the cuBLAS call, run through a reference of cuBLAS's semantics, equals dot_general") {
     Rng rng(14);
     for (const auto& d : dot_cases()) {

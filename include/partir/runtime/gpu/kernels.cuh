@@ -156,20 +156,14 @@ void reduce_pass(const ReduceShape& s, std::int64_t parts, const T* x, T* out, c
   check_launch("reduce_kernel");
 }
 
-// One thread per output element, or per index when rows have no elements (the index is still checked).
-// An index outside [0, global_rows) raises *bad, sharded or not: the CPU path checks every index against
-// the global row count (executor.hpp, row_sharded) and fails, so the GPU path must fail too.
+// One thread per element of the result or the updates, or per index when rows have no elements
+// (table_offset: the index is still checked).
 template <class T>
 __global__ void gather_kernel(const T* table, const std::int32_t* indices, T* out, std::int64_t n, std::int64_t rows,
                               std::int64_t row, std::int64_t first_row, std::int64_t global_rows, int* bad) {
-  const std::int64_t per = row > 0 ? row : 1;
-  PARTIR_GRID_LOOP(k, n * per) {
-    const std::int64_t i = k / per, e = k % per;
-    const std::int64_t index = indices[i];
-    if (e == 0 && (index < 0 || index >= global_rows)) *bad = 1;
-    if (row == 0) continue;
-    const std::int64_t r = index - first_row;
-    out[k] = r >= 0 && r < rows ? table[r * row + e] : T(0);
+  PARTIR_GRID_LOOP(k, n * (row > 0 ? row : 1)) {
+    const std::int64_t at = table_offset(indices, k, row, rows, first_row, global_rows, bad);
+    if (row > 0) out[k] = at >= 0 ? table[at] : T(0);
   }
 }
 
@@ -177,14 +171,9 @@ template <class T>
 __global__ void scatter_add_kernel(const std::int32_t* indices, const T* updates, T* out, std::int64_t n,
                                    std::int64_t rows, std::int64_t row, std::int64_t first_row,
                                    std::int64_t global_rows, int* bad) {
-  const std::int64_t per = row > 0 ? row : 1;
-  PARTIR_GRID_LOOP(k, n * per) {
-    const std::int64_t i = k / per, e = k % per;
-    const std::int64_t index = indices[i];
-    if (e == 0 && (index < 0 || index >= global_rows)) *bad = 1;
-    if (row == 0) continue;
-    const std::int64_t r = index - first_row;
-    if (r >= 0 && r < rows) atomicAdd(out + r * row + e, updates[k]);
+  PARTIR_GRID_LOOP(k, n * (row > 0 ? row : 1)) {
+    const std::int64_t at = table_offset(indices, k, row, rows, first_row, global_rows, bad);
+    if (at >= 0) atomicAdd(out + at, updates[k]);
   }
 }
 

@@ -72,6 +72,21 @@ PARTIR_HOST_DEVICE inline std::int64_t reduced_offset(const ReduceShape& s, std:
   return s.reduced_rank > 0 ? at + j * s.reduced_stride[0] : at;  // j < s.count: what is left indexes dim 0
 }
 
+// Element k of a gather's result (or of a scatter-add's updates) over rows of `row` elements, one thread
+// per element (per index when rows have no elements): the offset of its element in this table, which holds
+// rows [first_row, first_row + rows) of `global_rows`, or -1 when another shard holds the row or rows are
+// empty. An index outside [0, global_rows) sets *bad, sharded or not: the CPU path (executor.hpp,
+// row_sharded) checks every index against the global row count and fails, so the GPU path must fail too.
+PARTIR_HOST_DEVICE inline std::int64_t table_offset(const std::int32_t* indices, std::int64_t k, std::int64_t row,
+                                                    std::int64_t rows, std::int64_t first_row,
+                                                    std::int64_t global_rows, int* bad) {
+  const std::int64_t per = row > 0 ? row : 1;
+  const std::int64_t index = indices[k / per], e = k % per;
+  if (e == 0 && (index < 0 || index >= global_rows)) *bad = 1;
+  const std::int64_t r = index - first_row;
+  return row > 0 && r >= 0 && r < rows ? r * row + e : -1;
+}
+
 // A reduction to few outputs over many elements would leave most of the GPU idle with one block per output
 // (a loss summed over a whole batch runs on one SM), so each output's elements are split into `parts`
 // chunks: a first pass reduces every chunk into scratch (outputs x parts, row-major), a second pass
