@@ -1,10 +1,7 @@
 #pragma once
 // What gpt_train and gpt_infer share: the byte corpus and its batches, the next-token program that generates
-// text, the choice of the next byte, and gathering a device's trained shards into whole parameters.
+// text, and the choice of the next byte.
 #include <partir/partir.hpp>
-#ifdef PARTIR_EXAMPLES_NCCL  // so that gather_parameters' p::execute also names the GPU executor
-#include <partir/runtime/gpu/executor.hpp>
-#endif
 
 #include <cmath>
 #include <fstream>
@@ -86,23 +83,6 @@ inline std::string printable(const std::vector<std::int32_t>& bytes) {
   std::string s;
   for (auto b : bytes) s += (b == '\n' || (b >= 32 && b < 127)) ? static_cast<char>(b) : '?';
   return s;
-}
-
-// The whole parameters, on every device, from each device's pieces as `spmd` lays them out: an SPMD program
-// whose outputs are its inputs, executed with global outputs, gathers them over the communicator.
-template <p::Communicator C>
-p::NamedArrays gather_parameters(const p::Program& step, const p::SpmdProgram& spmd, C& comm,
-                                 const p::NamedArrays& pieces) {
-  p::SpmdProgram identity("gather_parameters", spmd.mesh());
-  p::NamedArrays mine;
-  for (const auto& b : spmd.inputs()) {
-    if (step.op(*step.find_input(b.name)).attrs.input_kind != p::InputKind::parameter) continue;
-    const auto v = identity.add({p::Op{p::OpKind::input, {}, {}, spmd.type(b.value), b.name}});
-    identity.add_input({b.name, v, b.global, b.sharding, ""});
-    identity.add_output({b.name, v, b.global, b.sharding, ""});
-    mine[b.name] = pieces.at(b.name);
-  }
-  return p::execute(identity, comm, mine, {.global_inputs = false, .global_outputs = true}).outputs;
 }
 
 }  // namespace gpt

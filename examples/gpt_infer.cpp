@@ -68,16 +68,13 @@ int main(int argc, char** argv) {
     auto next_batch = [&](long s) { return gpt::batch_at(text, batch, seq, static_cast<std::uint64_t>(seed), s); };
 
     auto run = [&]<p::Communicator C>(C& comm) {
-      const int device = comm.device();
-      const bool lead = device == 0;
-      const auto trained = examples::train(comm, step, train_spmd, next_batch, options);
-      p::NamedArrays params = gpt::gather_parameters(step, train_spmd, comm, trained.state);
-      p::NamedArrays local;
-      const p::Binding* tokens_binding = nullptr;
-      for (const auto& b : decode.inputs()) {
-        if (b.name == "tokens") tokens_binding = &b;
-        else local[b.name] = p::layout::shard(params.at(b.name), b.sharding, mesh, device);
-      }
+      const bool lead = comm.device() == 0;
+      const p::Executable trainer(train_spmd, comm);
+      const auto trained = examples::train(trainer, next_batch, options);
+      p::NamedArrays params = trainer.gather_state(trained.state);
+      std::erase_if(params, [&](const auto& kv) { return !next.find_input(kv.first); });  // no optimizer state
+      const p::Executable decoder(decode, comm);
+      p::NamedArrays local = decoder.shard_state(params);
       // Prompts: windows of the corpus at offsets drawn from the seed (the same on every device).
       std::mt19937_64 rng(static_cast<std::uint64_t>(seed) + 1);
       std::vector<std::int32_t> windows(static_cast<std::size_t>(prompts * seq));
@@ -95,8 +92,7 @@ int main(int argc, char** argv) {
       const auto t0 = std::chrono::steady_clock::now();
       for (long t = 0; t < tokens; ++t) {
         const p::Array window({prompts, seq}, windows);
-        local["tokens"] = p::layout::shard(window, tokens_binding->sharding, mesh, device);
-        p::DeviceResult r = p::execute(decode, comm, local, {.global_inputs = false, .global_outputs = true});
+        const p::DeviceResult r = decoder.step(local, {{"tokens", window}});
         peak = std::max(peak, r.peak_bytes);
         const p::Array& logits = r.outputs.at("logits");
         if (t == 0 && lead) {  // the partitioned program against the single-device one, once

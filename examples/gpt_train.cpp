@@ -53,12 +53,14 @@ int main(int argc, char** argv) {
     auto next_batch = [&](long s) { return gpt::batch_at(text, batch, seq, static_cast<std::uint64_t>(seed), s); };
 
     auto run = [&]<p::Communicator C>(C& comm) {
-      const examples::Trained trained = examples::train(comm, step, spmd, next_batch, options);
+      const p::Executable exe(spmd, comm);
+      const examples::Trained trained = examples::train(exe, next_batch, options);
       if (sample <= 0) return;
-      p::NamedArrays state = gpt::gather_parameters(step, spmd, comm, trained.state);
+      p::NamedArrays state = exe.gather_state(trained.state);
       if (comm.device() != 0) return;
-      // Continue the corpus's first window, one byte at a time, on this device.
+      // Continue the corpus's first window, one byte at a time, on this device, with the trained parameters.
       const p::Program next = gpt::next_token_program(model, 1);
+      std::erase_if(state, [&](const auto& kv) { return !next.find_input(kv.first); });
       std::vector<std::int32_t> window(static_cast<std::size_t>(seq)), generated;
       gpt::window(text, 0, seq, window.data());
       std::mt19937_64 rng(static_cast<std::uint64_t>(seed));

@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
     if (!report.empty() && report != "json") p::user_error("--report: expected 'json', got '" + report + "'");
 
     examples::run_on_backend(backend, mesh.num_devices(), argc, argv,
-                             [&](auto& c) { examples::train(c, step, spmd, next_batch, options); });
+                             [&](auto& c) { examples::train(p::Executable(spmd, c), next_batch, options); });
   } catch (const p::UserError& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

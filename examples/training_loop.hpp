@@ -7,7 +7,7 @@
 #ifdef PARTIR_EXAMPLES_MPI
 #include <partir/runtime/mpi.hpp>
 #endif
-#ifdef PARTIR_EXAMPLES_NCCL  // before train(): its p::execute then also names the GPU executor
+#ifdef PARTIR_EXAMPLES_NCCL  // Executable::step then runs nccl::Communicator programs on the GPU executor
 #include <partir/runtime/gpu/executor.hpp>
 #ifdef PARTIR_EXAMPLES_MPI
 #include <partir/runtime/nccl_mpi.hpp>
@@ -66,23 +66,19 @@ inline std::string json_escape(const std::string& s) {
   return out;
 }
 
-// What a run ends with: the last loss, and this device's pieces of the trained state (parameters, optimizer
-// state and the last batch, as the SPMD program lays them out).
+// What a run ends with: the last loss, and this device's pieces of the trained state (parameters and
+// optimizer state, as the SPMD program lays them out; Executable::gather_state makes them whole).
 struct Trained {
   double loss = 0;
   p::NamedArrays state;
 };
 
 template <p::Communicator C>
-Trained train(C& comm, const p::Program& step, const p::SpmdProgram& spmd, const BatchFn& next_batch,
-              const LoopOptions& o) {
-  const int device = comm.device();
-  const bool lead = device == 0;
-  p::NamedArrays state;
-  for (const auto& [name, global] : p::init_inputs(step, o.seed)) {
-    for (const auto& b : spmd.inputs())
-      if (b.name == name) state[name] = p::layout::shard(global, b.sharding, spmd.mesh(), device);
-  }
+Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const LoopOptions& o) {
+  C& comm = exe.communicator();
+  const p::SpmdProgram& spmd = exe.spmd();
+  const bool lead = comm.device() == 0;
+  p::NamedArrays state = exe.init(o.seed);
   // The simulator's prediction for this plan, checked against what the run measures at the end.
   const p::HardwareProfile profile = p::HardwareProfile::detect();
   const p::Report predicted = p::simulate(spmd, profile);
@@ -108,17 +104,14 @@ Trained train(C& comm, const p::Program& step, const p::SpmdProgram& spmd, const
     }
   }
   for (long s = first; s <= o.steps; ++s) {
-    for (auto& [name, global] : next_batch(s))
-      for (const auto& b : spmd.inputs())
-        if (b.name == name) state[name] = p::layout::shard(global, b.sharding, spmd.mesh(), device);
+    const p::NamedArrays batch = next_batch(s);
     comm.barrier();  // time the step, not the previous step's stragglers
     const auto t0 = std::chrono::steady_clock::now();
-    p::DeviceResult r = p::execute(spmd, comm, state, {.global_inputs = false, .global_outputs = false});
+    const p::DeviceResult r = exe.step(state, batch);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     step_ms.push_back(ms);
     peak = std::max(peak, r.peak_bytes);
     loss = r.outputs.at("loss").at(0);
-    p::carry_state(step, state, std::move(r.outputs));
     if (!ck.dir.empty() && (s == o.steps || (ck.every > 0 && s % ck.every == 0)))
       p::checkpoint::save(ck.dir, spmd, comm, state, s);
     if (lead)

@@ -358,3 +358,66 @@ TEST_CASE("catalog: partir's own bugs are InternalErrors, a different type") {
   CHECK_FALSE(std::is_base_of_v<UserError, InternalError>);
   CHECK_FALSE(std::is_base_of_v<InternalError, UserError>);
 }
+
+TEST_CASE("catalog: a compiled step's state and batch") {
+  const Program step = adam_step();
+  const Partitioned plan = partition(step, Mesh{{"batch", 2}}, {data_parallel("batch")});
+  NamedArrays batch = inputs_of(step), global_state = init_inputs(step, 0);
+  std::erase_if(batch, [](const auto& kv) { return kv.first != "x" && kv.first != "y"; });
+  auto on_device_0 = [&](auto f) {  // the error of device 0; the other device fails the same way
+    threads::run(2, [&](threads::Communicator& c) {
+      const Executable<threads::Communicator> exe = compile(plan, c);
+      f(exe);
+    });
+  };
+  auto with = [&](NamedArrays b, const std::string& name, Array a) {
+    b.insert_or_assign(name, std::move(a));
+    return b;
+  };
+  // E72 the mesh and the communicator disagree
+  CHECK_THROWS_WITH_AS(threads::run(4, [&](threads::Communicator& c) { (void)compile(plan, c); }),
+                       "program 'train_step' (device 0): mesh {batch=2} has 2 devices but the communicator has 4",
+                       UserError);
+  // E73 a batch entry the program has no input for (a typo)
+  CHECK_THROWS_WITH_AS(on_device_0([&](const auto& exe) {
+                         NamedArrays state = exe.init(0);
+                         exe.step(state, with(batch, "labels", Array(TensorType{{16, 8}})));
+                       }),
+                       "program 'train_step' (device 0): the batch has 'labels', which is no input of the program",
+                       UserError);
+  // E74 a parameter passed in the batch
+  CHECK_THROWS_WITH_AS(on_device_0([&](const auto& exe) {
+                         NamedArrays state = exe.init(0);
+                         exe.step(state, with(batch, "params/mlp/b1", global_state.at("params/mlp/b1")));
+                       }),
+                       "program 'train_step' (device 0): 'params/mlp/b1' is a parameter input: it belongs in the "
+                       "state (init, shard_state), not the batch",
+                       UserError);
+  // E75 a data input missing from the batch
+  CHECK_THROWS_WITH_AS(on_device_0([&](const auto& exe) {
+                         NamedArrays state = exe.init(0), only_x{{"x", batch.at("x")}};
+                         exe.step(state, only_x);
+                       }),
+                       "program 'train_step' (device 0): the batch has no 'y' f32[16,8]", UserError);
+  // E76 a batch array of the wrong shape (a local piece instead of the global array)
+  CHECK_THROWS_WITH_AS(on_device_0([&](const auto& exe) {
+                         NamedArrays state = exe.init(0);
+                         exe.step(state, with(batch, "x", Array(TensorType{{8, 8}})));
+                       }),
+                       "program 'train_step' (device 0): input 'x' is f32[16,8], got f32[8,8]", UserError);
+  // E77 shard_state without a parameter, and gather_state of a state that lost one
+  CHECK_THROWS_WITH_AS(on_device_0([&](const auto& exe) {
+                         NamedArrays partial = global_state;
+                         partial.erase("opt/adam/m/params/mlp/w1");
+                         exe.shard_state(partial);
+                       }),
+                       "program 'train_step' (device 0): shard_state: no array for state input "
+                       "'opt/adam/m/params/mlp/w1' f32[8,32]",
+                       UserError);
+  CHECK_THROWS_WITH_AS(on_device_0([&](const auto& exe) {
+                         NamedArrays state = exe.init(0);
+                         state.erase("params/mlp/w2");
+                         exe.gather_state(state);
+                       }),
+                       "program 'train_step' (device 0): gather_state: the state has no 'params/mlp/w2'", UserError);
+}

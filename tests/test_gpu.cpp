@@ -701,6 +701,26 @@ TEST_SUITE("device") {
     }
   }
 
+  TEST_CASE("gpu: an Executable on the NCCL communicator steps on the GPU as interpret() does") {
+    nn::Mlp model{"params/mlp", {32, 64, 32}};
+    const Program step = train_step([&](Tensor x, Tensor y) { return mse(model(x), y); }, Adam{1e-3},
+                                    {{"x", {16, 32}}, {"y", {16, 32}}});
+    const Executable exe(on_one_device(step), gpu_comm());
+    NamedArrays state = exe.init(5), want = init_inputs(step, 5);
+    for (int s = 0; s < 3; ++s) {
+      NamedArrays batch = init_inputs(step, 100 + static_cast<std::uint64_t>(s), true), in = want;
+      std::erase_if(batch, [](const auto& kv) { return kv.first != "x" && kv.first != "y"; });
+      for (const auto& [name, a] : batch) in[name] = a;
+      NamedArrays expect = interpret(step, in);
+      CHECK(error(exe.step(state, batch).outputs.at("loss"), expect.at("loss")) <= 1e-4);
+      carry_state(step, want, std::move(expect));
+    }
+    for (const auto& [name, a] : exe.gather_state(state)) {
+      INFO(name);
+      CHECK(error(a, want.at(name)) <= 1e-4);
+    }
+  }
+
   TEST_CASE("gpu: host buffers through the NCCL communicator are staged and come back") {
     Group one{{0}};
     std::vector<float> data{1, 2, 3}, out(3);

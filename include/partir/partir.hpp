@@ -40,6 +40,7 @@
 #include "partir/runtime/communicator.hpp"
 #include "partir/runtime/threads.hpp"
 #include "partir/runtime/executor.hpp"
+#include "partir/runtime/executable.hpp"
 #include "partir/tactics/automatic.hpp"
 #include "partir/runtime/checkpoint.hpp"
 #include "partir/tactics/presets.hpp"

@@ -21,6 +21,7 @@
 
 #include "partir/runtime/communicator.hpp"
 #include "partir/runtime/layout.hpp"
+#include "partir/runtime/state.hpp"
 #include "partir/spmd/spmd_program.hpp"
 
 namespace partir::checkpoint {
@@ -105,12 +106,6 @@ inline std::string hex(std::uint64_t x) {
   return buf;
 }
 
-// The inputs a checkpoint holds: parameters and optimizer state (data inputs come from the data pipeline).
-inline bool is_state(const SpmdProgram& p, const Binding& b) {
-  const auto kind = p.op(b.value).op.attrs.input_kind;
-  return kind == InputKind::parameter || kind == InputKind::optimizer_state;
-}
-
 // Copies `piece` (device's tile of a value laid out by `sharding`) into its place in `global`.
 inline void place(const Array& piece, const Sharding& sharding, const Mesh& mesh, std::int64_t device, Array& global) {
   const auto rank = static_cast<std::size_t>(global.shape().size());
@@ -150,7 +145,7 @@ void save(const std::string& dir, const SpmdProgram& spmd, C& comm, const NamedA
 
   std::string shard = "partir-shard 1 step " + std::to_string(step) + " device " + std::to_string(comm.device()) + "\n";
   for (const auto& b : spmd.inputs()) {
-    if (!detail::is_state(spmd, b)) continue;
+    if (!is_state(spmd, b)) continue;
     auto it = state.find(b.name);
     if (it == state.end()) user_error("checkpoint save: the state has no '" + b.name + "'");
     const Array& a = it->second;
@@ -177,7 +172,7 @@ void save(const std::string& dir, const SpmdProgram& spmd, C& comm, const NamedA
     std::string manifest = "partir-checkpoint 1\nstep " + std::to_string(step) + "\nmesh " + mesh + "\nprogram " +
                            spmd.name() + "\n";
     for (const auto& b : spmd.inputs())
-      if (detail::is_state(spmd, b))
+      if (is_state(spmd, b))
         manifest += "tensor " + b.name + " " + std::string(name_of(b.global.dtype)) + " " +
                     detail::shape_text(b.global.shape) + " " + detail::dims_text(b.sharding) + "\n";
     for (int d = 0; d < n; ++d) {
@@ -308,7 +303,7 @@ template <Communicator C>
 std::int64_t restore(const std::string& dir, const SpmdProgram& spmd, C& comm, NamedArrays& state) {
   const Loaded loaded = load(dir);
   for (const auto& b : spmd.inputs()) {
-    if (!detail::is_state(spmd, b)) continue;
+    if (!is_state(spmd, b)) continue;
     auto it = loaded.tensors.find(b.name);
     if (it == loaded.tensors.end())
       user_error("checkpoint '" + dir + "' (step " + std::to_string(loaded.step) + ") has no tensor '" + b.name +

@@ -78,6 +78,22 @@ Array run_collective(const Collective& c, const Array& in, const TensorType& res
   internal_error("unknown collective");
 }
 
+// The global array of a bound value, on every device of the mesh, from this device's piece: partial sums
+// all_reduced, tiled dims all_gathered. Every device must call it (a collective).
+template <Communicator C>
+Array gather_global(Array piece, const Binding& b, const Mesh& mesh, C& comm) {
+  Shape shape = piece.shape();
+  if (!b.sharding.partial.empty())
+    piece = run_collective({CollectiveKind::all_reduce, b.sharding.partial}, piece, piece.type(), mesh, comm);
+  for (std::size_t d = 0; d < b.sharding.dims.size(); ++d) {
+    if (b.sharding.dims[d].empty()) continue;
+    shape[d] = b.global.shape[d];
+    piece = run_collective({CollectiveKind::all_gather, b.sharding.dims[d], static_cast<std::int64_t>(d)}, piece,
+                           TensorType{shape, piece.dtype()}, mesh, comm);
+  }
+  return piece;
+}
+
 // gather / scatter_add over a table whose rows are tiled: only rows this device holds take part.
 // Every device checks every index against the global row count, so a bad index fails as it does on one
 // device instead of silently reading (or dropping) nothing on each.
@@ -207,18 +223,7 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
     bool named_later = false;
     for (const auto* o = &b + 1; o != p.outputs().data() + p.outputs().size(); ++o) named_later |= o->value == b.value;
     Array piece = owned[v] && !named_later ? std::move(*owned[v]) : *values[v];
-    if (options.global_outputs) {
-      Shape shape = piece.shape();
-      if (!b.sharding.partial.empty())
-        piece = detail::run_collective({CollectiveKind::all_reduce, b.sharding.partial}, piece, piece.type(), mesh, comm);
-      for (std::size_t d = 0; d < b.sharding.dims.size(); ++d) {
-        if (b.sharding.dims[d].empty()) continue;
-        shape[d] = b.global.shape[d];
-        piece = detail::run_collective({CollectiveKind::all_gather, b.sharding.dims[d], static_cast<std::int64_t>(d)},
-                                       piece, TensorType{shape, piece.dtype()}, mesh, comm);
-      }
-    }
-    result.outputs[b.name] = std::move(piece);
+    result.outputs[b.name] = options.global_outputs ? detail::gather_global(std::move(piece), b, mesh, comm) : std::move(piece);
   }
   return result;
 }

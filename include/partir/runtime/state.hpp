@@ -2,8 +2,16 @@
 // Loop-carried training state: the outputs of a step that update inputs become those inputs next step.
 #include "partir/ir/program.hpp"
 #include "partir/runtime/array.hpp"
+#include "partir/spmd/spmd_program.hpp"
 
 namespace partir {
+
+// The inputs a training loop carries and a checkpoint holds: parameters and optimizer state (data inputs
+// come from the data pipeline, step by step).
+inline bool is_state(const SpmdProgram& p, const Binding& b) {
+  const auto kind = p.op(b.value).op.attrs.input_kind;
+  return kind == InputKind::parameter || kind == InputKind::optimizer_state;
+}
 
 // Moves every output with Output::updates into state under the input's name; returns the other outputs.
 inline NamedArrays carry_state(const Program& p, NamedArrays& state, NamedArrays outputs) {

@@ -1,0 +1,137 @@
+#pragma once
+// A lowered program bound to one device's communicator: what a training or decoding loop needs around
+// execute(). The state (parameters and optimizer state) stays as this device's pieces, laid out as the
+// SPMD program wants, from init() to the last step; batches go in and the other outputs come out as global
+// arrays, so the loop never names a sharding.
+//   auto exe = partir::compile(plan, comm);            // every device (thread or MPI rank) does this
+//   partir::NamedArrays state = exe.init(/*seed=*/0);
+//   for (...) double loss = exe.step(state, next_batch()).outputs.at("loss").at(0);
+//   partir::NamedArrays trained = exe.gather_state(state);  // global arrays, on every device
+// With an nccl::Communicator, include <partir/runtime/gpu/executor.hpp> too: step() then runs on the GPU.
+#include <string>
+
+#include "partir/runtime/executor.hpp"
+#include "partir/runtime/init.hpp"
+#include "partir/runtime/state.hpp"
+#include "partir/sharding/partitioned.hpp"
+#include "partir/spmd/lower.hpp"
+
+namespace partir {
+
+template <Communicator C>
+class Executable {
+ public:
+  Executable(SpmdProgram spmd, C& comm) : spmd_(std::move(spmd)), comm_(&comm) {
+    if (spmd_.mesh().num_devices() != comm.num_devices())
+      user_error(where() + ": mesh " + spmd_.mesh().to_string() + " has " + std::to_string(spmd_.mesh().num_devices()) +
+                 " devices but the communicator has " + std::to_string(comm.num_devices()));
+  }
+
+  const SpmdProgram& spmd() const { return spmd_; }
+  C& communicator() const { return *comm_; }
+
+  // This device's pieces of every state input, drawn by its Init: the global values are those of
+  // init_inputs(program, seed), whatever the mesh, schedule or backend.
+  NamedArrays init(std::uint64_t seed) const {
+    NamedArrays state;
+    for (const auto& b : spmd_.inputs())
+      if (is_state(spmd_, b))
+        state[b.name] = piece(init_array(b.global, spmd_.op(b.value).op.attrs.init, seed, b.name), b);
+    return state;
+  }
+
+  // This device's pieces of every state input, taken from global arrays (a trained model, another plan's
+  // gather_state); entries the program does not read as state are ignored.
+  NamedArrays shard_state(const NamedArrays& global) const {
+    NamedArrays state;
+    for (const auto& b : spmd_.inputs()) {
+      if (!is_state(spmd_, b)) continue;
+      auto it = global.find(b.name);
+      if (it == global.end()) user_error(where() + ": shard_state: no array for state input '" + b.name + "' " + to_string(b.global));
+      state[b.name] = piece(it->second, b);
+    }
+    return state;
+  }
+
+  // The global arrays of every state input, on every device (a collective: every device calls it).
+  NamedArrays gather_state(const NamedArrays& state) const {
+    NamedArrays global;
+    for (const auto& b : spmd_.inputs()) {
+      if (!is_state(spmd_, b)) continue;
+      auto it = state.find(b.name);
+      if (it == state.end()) user_error(where() + ": gather_state: the state has no '" + b.name + "'");
+      global[b.name] = detail::gather_global(it->second, b, spmd_.mesh(), *comm_);
+    }
+    return global;
+  }
+
+  // One run of the program on this device: `batch` holds a global array for every data input, `state` this
+  // device's pieces of the state inputs. Outputs that update an input replace it in `state` (the next step
+  // reads what this one wrote, without a reshard); the result holds the others as global arrays.
+  DeviceResult step(NamedArrays& state, const NamedArrays& batch, ExecuteOptions options = {}) const {
+    for (const auto& [name, array] : batch) {
+      const Binding* b = input(name);
+      if (!b) user_error(where() + ": the batch has '" + name + "', which is no input of the program");
+      if (is_state(spmd_, *b))
+        user_error(where() + ": '" + name + "' is a " + std::string(name_of(spmd_.op(b->value).op.attrs.input_kind)) +
+                   " input: it belongs in the state (init, shard_state), not the batch");
+    }
+    for (const auto& b : spmd_.inputs()) {
+      if (is_state(spmd_, b)) continue;
+      auto it = batch.find(b.name);
+      if (it == batch.end()) user_error(where() + ": the batch has no '" + b.name + "' " + to_string(b.global));
+      state[b.name] = piece(it->second, b);  // with the state for execute(), taken out again below
+    }
+    options.global_inputs = options.global_outputs = false;
+    DeviceResult result;
+    try {
+      result = execute(spmd_, *comm_, state, options);
+    } catch (...) {
+      drop_batch(state);
+      throw;
+    }
+    drop_batch(state);
+    for (const auto& b : spmd_.outputs()) {
+      auto it = result.outputs.find(b.name);
+      const Binding* updated = b.updates.empty() ? nullptr : input(b.updates);
+      if (updated && is_state(spmd_, *updated)) {
+        state[b.updates] = std::move(it->second);
+        result.outputs.erase(it);
+      } else {
+        it->second = detail::gather_global(std::move(it->second), b, spmd_.mesh(), *comm_);
+      }
+    }
+    return result;
+  }
+
+ private:
+  std::string where() const { return "program '" + spmd_.name() + "' (device " + std::to_string(comm_->device()) + ")"; }
+
+  const Binding* input(const std::string& name) const {
+    for (const auto& b : spmd_.inputs())
+      if (b.name == name) return &b;
+    return nullptr;
+  }
+
+  Array piece(const Array& global, const Binding& b) const {
+    if (global.type() != b.global)
+      user_error(where() + ": input '" + b.name + "' is " + to_string(b.global) + ", got " + to_string(global.type()));
+    return layout::shard(global, b.sharding, spmd_.mesh(), comm_->device());
+  }
+
+  void drop_batch(NamedArrays& state) const {
+    for (const auto& b : spmd_.inputs())
+      if (!is_state(spmd_, b)) state.erase(b.name);
+  }
+
+  SpmdProgram spmd_;
+  C* comm_;
+};
+
+// Lowers the plan and binds it to this device's communicator.
+template <Communicator C>
+Executable<C> compile(const Partitioned& plan, C& comm) {
+  return {lower(plan), comm};
+}
+
+}  // namespace partir
