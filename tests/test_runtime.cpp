@@ -766,15 +766,46 @@ TEST_CASE("init_inputs: deterministic per (seed, name), with the requested stati
   CHECK(a.at("b") == Array({3}, std::vector<float>{1, 1, 1}));
   CHECK(a.at("opt/m/w") == Array({3}, std::vector<float>{0, 0, 0}));
 
-  // Pinned values: mt19937_64 and the transforms are exact, so these hold for every standard library.
+  // Pinned values: SplitMix64 and the transforms are written out, so these hold for every standard library
+  // (the normal ones up to the last bit of libm's log, sin and cos).
   const Array u = init_array({{3}, DType::f64}, {Init::Kind::uniform, 1.0}, 0, "w");
-  CHECK(u == Array({3}, std::vector<double>{0.17791915197874908, -0.026921844087685276, 0.77771517986353755}));
+  CHECK(u == Array({3}, std::vector<double>{0.90853209389424916, 0.28919775779725754, 0.039859704720495825}));
+  const Array n = init_array({{3}, DType::f64}, {Init::Kind::normal, 1.0}, 0, "w");
+  const std::vector<double> pinned{-1.5273501223903616, -1.9588338896131519, 0.64860607287793259};
+  for (std::int64_t i = 0; i < 3; ++i) CHECK(n.at(i) == doctest::Approx(pinned[static_cast<std::size_t>(i)]).epsilon(1e-14));
 
   const NamedArrays with_data = init_inputs(p, 1, true);
   CHECK(with_data.size() == 7);
   CHECK(with_data.at("ids") == Array({4}, std::vector<std::int32_t>{0, 0, 0, 0}));
   CHECK(with_data.at("x") != Array({4}, std::vector<float>{0, 0, 0, 0}));
   CHECK(with_data.at("w") == a.at("w"));
+}
+
+TEST_CASE("init_piece: a device's piece equals its shard of the whole tensor, for every layout") {
+  // Tiled dims, two axes on one dim, replicated axes, scalars, odd sizes: a device draws only its piece,
+  // and it must be exactly layout::shard of init_array.
+  const Mesh mesh{{"a", 2}, {"b", 3}, {"c", 2}};
+  struct Case {
+    Shape shape;
+    Sharding sharding;
+  };
+  const std::vector<Case> cases = {
+      {{}, Sharding::replicated(0)},
+      {{6, 5}, {{{"b"}, {}}, {}}},
+      {{4, 9}, {{{"c"}, {"b"}}, {}}},
+      {{12, 3, 2}, {{{"a", "b"}, {}, {"c"}}, {}}},
+      {{2, 7, 6}, {{{}, {}, {"b", "a"}}, {}}},
+      {{5, 8}, {{{}, {"c", "a"}}, {}}},
+  };
+  for (const auto& c : cases)
+    for (const Init init : {Init{Init::Kind::normal, 0.5}, Init{Init::Kind::uniform, 2.0}, Init{Init::Kind::ones, 0}})
+      for (DType t : {DType::f32, DType::f64}) {
+        const TensorType type{c.shape, t};
+        INFO(to_string(type, c.sharding) << " " << static_cast<int>(init.kind));
+        const Array whole = init_array(type, init, 9, "params/w");
+        for (std::int64_t d = 0; d < mesh.num_devices(); ++d)
+          CHECK(init_piece(type, init, 9, "params/w", c.sharding, mesh, d) == layout::shard(whole, c.sharding, mesh, d));
+      }
 }
 
 TEST_CASE("runtime: the BLAS and Eigen GEMM engines agree (random layouts, batched, transposed, f32 and f64)") {

@@ -108,26 +108,13 @@ inline std::string hex(std::uint64_t x) {
 
 // Copies `piece` (device's tile of a value laid out by `sharding`) into its place in `global`.
 inline void place(const Array& piece, const Sharding& sharding, const Mesh& mesh, std::int64_t device, Array& global) {
-  const auto rank = static_cast<std::size_t>(global.shape().size());
-  std::vector<std::int64_t> offset(rank, 0);
-  for (std::size_t d = 0; d < rank; ++d)
-    if (!sharding.dims[d].empty()) offset[d] = mesh.position(device, sharding.dims[d]) * piece.shape()[d];
   const auto width = static_cast<std::size_t>(size_of(global.dtype()));
-  const std::int64_t row = rank ? piece.shape()[rank - 1] : 1;  // contiguous run of the piece
-  const std::int64_t rows = row ? piece.size() / row : 0;
-  std::vector<std::int64_t> index(rank, 0);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    // index of row r of the piece (all dims but the last)
-    std::int64_t rest = r, at = 0;
-    for (std::size_t d = rank; d-- > 1;) {
-      index[d - 1] = rest % piece.shape()[d - 1];
-      rest /= piece.shape()[d - 1];
-    }
-    for (std::size_t d = 0; d < rank; ++d)
-      at = at * global.shape()[d] + (d + 1 < rank ? index[d] + offset[d] : offset[d]);
-    std::memcpy(layout::bytes(global) + static_cast<std::size_t>(at) * width,
-                layout::bytes(piece) + static_cast<std::size_t>(r * row) * width, static_cast<std::size_t>(row) * width);
-  }
+  layout::for_each_run(piece.shape(), global.shape(), layout::piece_offset(global.shape(), sharding, mesh, device),
+                       [&](std::int64_t local, std::int64_t at, std::int64_t n) {
+                         std::memcpy(layout::bytes(global) + static_cast<std::size_t>(at) * width,
+                                     layout::bytes(piece) + static_cast<std::size_t>(local) * width,
+                                     static_cast<std::size_t>(n) * width);
+                       });
 }
 
 }  // namespace detail

@@ -30,13 +30,14 @@ class Executable {
   const SpmdProgram& spmd() const { return spmd_; }
   C& communicator() const { return *comm_; }
 
-  // This device's pieces of every state input, drawn by its Init: the global values are those of
-  // init_inputs(program, seed), whatever the mesh, schedule or backend.
+  // This device's pieces of every state input, drawn by its Init: pieces of the values init_inputs(program,
+  // seed) gives, whatever the mesh, schedule or backend, drawn without making any whole tensor.
   NamedArrays init(std::uint64_t seed) const {
     NamedArrays state;
     for (const auto& b : spmd_.inputs())
       if (is_state(spmd_, b))
-        state[b.name] = piece(init_array(b.global, spmd_.op(b.value).op.attrs.init, seed, b.name), b);
+        state[b.name] = init_piece(b.global, spmd_.op(b.value).op.attrs.init, seed, b.name, b.sharding, spmd_.mesh(),
+                                   comm_->device());
     return state;
   }
 

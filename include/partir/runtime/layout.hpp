@@ -59,6 +59,37 @@ inline void unpack(const std::byte* in, std::int64_t dim, std::int64_t tiles, Ar
       std::memcpy(bytes(out) + (o * s.n + q * t) * s.inner, in + (q * s.outer + o) * t * s.inner, chunk);
 }
 
+// Where this device's piece of a value of shape `global` sits: the global index of its first element per dim.
+inline std::vector<std::int64_t> piece_offset(const Shape& global, const Sharding& sharding, const Mesh& mesh,
+                                              std::int64_t device) {
+  std::vector<std::int64_t> offset(global.size(), 0);
+  for (std::size_t d = 0; d < global.size(); ++d)
+    if (!sharding.dims[d].empty())
+      offset[d] = mesh.position(device, sharding.dims[d]) * (global[d] / tile_count(sharding.dims[d], mesh));
+  return offset;
+}
+
+// run(local, global, n) for every contiguous run (a row along the last dim) of a piece of shape `piece` at
+// `offset` in a row-major value of shape `global`: the flat index of the run's first element in each, and
+// its length.
+template <class Run>
+void for_each_run(const Shape& piece, const Shape& global, const std::vector<std::int64_t>& offset, Run&& run) {
+  const std::size_t rank = piece.size();
+  const std::int64_t row = rank ? piece[rank - 1] : 1;
+  std::int64_t rows = row ? 1 : 0;
+  for (std::size_t d = 0; d + 1 < rank; ++d) rows *= piece[d];
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::int64_t rest = r, at = 0, scale = 1;
+    for (std::size_t d = rank; d-- > 0;) {  // the global flat index, last dim first
+      const std::int64_t index = d + 1 == rank ? 0 : rest % piece[d];
+      if (d + 1 != rank) rest /= piece[d];
+      at += (index + offset[d]) * scale;
+      scale *= global[d];
+    }
+    run(r * row, at, row);
+  }
+}
+
 // This device's piece of a global value laid out by `sharding` (partial-sum axes: the piece is the value
 // itself on position 0 of those axes and zeros elsewhere, so the pieces sum to the value).
 inline Array shard(const Array& global, const Sharding& sharding, const Mesh& mesh, std::int64_t device) {
