@@ -808,6 +808,28 @@ TEST_CASE("init_piece: a device's piece equals its shard of the whole tensor, fo
       }
 }
 
+TEST_CASE("layout: a piece under one layout, assembled from the overlaps of the pieces under another, is its shard") {
+  // What checkpoint::restore does when it restores onto another mesh or schedule.
+  Rng rng(31);
+  const Mesh from_mesh{{"a", 2}, {"b", 3}}, to_mesh{{"x", 4}, {"y", 2}};
+  const Array whole = random_array(rng, {{12, 6, 4}, DType::f32});
+  const std::vector<Sharding> from = {Sharding::replicated(3), {{{"a"}, {"b"}, {}}, {}}, {{{"b", "a"}, {}, {}}, {}},
+                                      {{{}, {"b"}, {"a"}}, {}}};
+  const std::vector<Sharding> to = {Sharding::replicated(3), {{{"x"}, {}, {"y"}}, {}}, {{{"y", "x"}, {}, {}}, {}},
+                                    {{{}, {"y"}, {"x"}}, {}}};
+  for (const Sharding& f : from)
+    for (const Sharding& t : to)
+      for (std::int64_t d = 0; d < to_mesh.num_devices(); ++d) {
+        INFO(to_string(whole.type(), f) << " -> " << to_string(whole.type(), t) << " device " << d);
+        const Array want = layout::shard(whole, t, to_mesh, d);
+        Array got(want.type());
+        for (std::int64_t s = 0; s < from_mesh.num_devices(); ++s)
+          layout::copy_overlap(layout::shard(whole, f, from_mesh, s), layout::piece_offset(whole.shape(), f, from_mesh, s),
+                               got, layout::piece_offset(whole.shape(), t, to_mesh, d));
+        CHECK(got == want);
+      }
+}
+
 TEST_CASE("runtime: the BLAS and Eigen GEMM engines agree (random layouts, batched, transposed, f32 and f64)") {
   if (blas_built_in) CHECK(gemm_engine() == GemmEngine::blas);
   else MESSAGE("this build has no BLAS (-Dblas=none): both runs use Eigen");

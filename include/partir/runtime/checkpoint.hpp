@@ -8,13 +8,16 @@
 // Every file is written to a temporary name, fsynced and renamed, and LATEST is replaced only after every
 // shard and the manifest are on disk: a crash mid-save leaves the previous checkpoint as LATEST. restore()
 // checks each shard against the manifest (missing, truncated or corrupted shards are UserErrors naming the
-// file), assembles every global tensor from the pieces and hands each device its piece under the program's
-// own layout, so a checkpoint restores onto a different mesh or schedule. Every device reads every shard:
-// the directory must be visible to all of them (one host, or a shared file system).
+// file) and assembles each device's piece, under the program's own layout, from the parts of the saved
+// pieces that overlap it, so a checkpoint restores onto a different mesh or schedule without any device
+// holding a whole tensor. Every device reads every shard, one at a time: the directory must be visible to
+// all of them (one host, or a shared file system).
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -106,17 +109,6 @@ inline std::string hex(std::uint64_t x) {
   return buf;
 }
 
-// Copies `piece` (device's tile of a value laid out by `sharding`) into its place in `global`.
-inline void place(const Array& piece, const Sharding& sharding, const Mesh& mesh, std::int64_t device, Array& global) {
-  const auto width = static_cast<std::size_t>(size_of(global.dtype()));
-  layout::for_each_run(piece.shape(), global.shape(), layout::piece_offset(global.shape(), sharding, mesh, device),
-                       [&](std::int64_t local, std::int64_t at, std::int64_t n) {
-                         std::memcpy(layout::bytes(global) + static_cast<std::size_t>(at) * width,
-                                     layout::bytes(piece) + static_cast<std::size_t>(local) * width,
-                                     static_cast<std::size_t>(n) * width);
-                       });
-}
-
 }  // namespace detail
 
 // Saves this device's pieces of the training state in `state` (as the SPMD program lays them out) as step
@@ -180,31 +172,32 @@ void save(const std::string& dir, const SpmdProgram& spmd, C& comm, const NamedA
 // True if `dir` holds a committed checkpoint.
 inline bool exists(const std::string& dir) { return std::filesystem::exists(dir + "/LATEST"); }
 
-// Every tensor of the latest checkpoint in `dir` as a global array, and its step.
-struct Loaded {
-  std::int64_t step = 0;
-  NamedArrays tensors;
-};
+namespace detail {
 
-inline Loaded load(const std::string& dir) {
-  const auto latest = detail::read_file(dir + "/LATEST");
-  if (!latest)
-    user_error("checkpoint '" + dir + "': no LATEST file (nothing was saved here, or no save finished)");
-  const std::string name = latest->substr(0, latest->find('\n'));
-  const std::string where = dir + "/" + name;
-  auto fail = [&](const std::string& why) -> Loaded { user_error("checkpoint '" + where + "': " + why); };
-  const auto manifest_text = detail::read_file(where + "/manifest.txt");
-  if (!manifest_text) return fail("manifest.txt is missing (partial checkpoint)");
-
-  Loaded out;
-  std::optional<Mesh> mesh;
-  struct Entry {
+struct Manifest {
+  struct Tensor {
     std::string name;
     TensorType type;
-    std::string dims;
+    Sharding sharding;
   };
-  std::vector<Entry> tensors;
+  std::string where;  // DIR/step-<N>
+  std::int64_t step = 0;
+  Mesh mesh;
+  std::vector<Tensor> tensors;
   std::vector<std::pair<std::uint64_t, std::string>> shards;  // size, checksum
+};
+
+// The manifest of the latest checkpoint in `dir`, checked for form.
+inline Manifest read_manifest(const std::string& dir) {
+  const auto latest = read_file(dir + "/LATEST");
+  if (!latest)
+    user_error("checkpoint '" + dir + "': no LATEST file (nothing was saved here, or no save finished)");
+  Manifest m;
+  m.where = dir + "/" + latest->substr(0, latest->find('\n'));
+  auto fail = [&](const std::string& why) -> Manifest { user_error("checkpoint '" + m.where + "': " + why); };
+  const auto manifest_text = read_file(m.where + "/manifest.txt");
+  if (!manifest_text) return fail("manifest.txt is missing (partial checkpoint)");
+  bool has_mesh = false;
   std::stringstream lines(*manifest_text);
   std::string line;
   if (!std::getline(lines, line) || line != "partir-checkpoint 1")
@@ -215,24 +208,24 @@ inline Loaded load(const std::string& dir) {
       std::string key;
       f >> key;
       if (key == "step") {
-        f >> out.step;
+        f >> m.step;
       } else if (key == "mesh") {
-        std::string m;
-        f >> m;
-        mesh = Mesh::parse(m);
+        std::string text;
+        f >> text;
+        m.mesh = Mesh::parse(text);
+        has_mesh = true;
       } else if (key == "tensor") {
-        Entry e;
-        std::string dtype, shape;
-        f >> e.name >> dtype >> shape >> e.dims;
-        e.type = {detail::parse_shape(shape), parse_dtype(dtype)};
-        tensors.push_back(std::move(e));
+        std::string name, dtype, shape, dims;
+        f >> name >> dtype >> shape >> dims;
+        const TensorType type{parse_shape(shape), parse_dtype(dtype)};
+        m.tensors.push_back({name, type, parse_dims(dims, type.rank())});
       } else if (key == "shard") {
         std::size_t d = 0;
         std::uint64_t size = 0;
         std::string sum;
         f >> d >> size >> sum;
-        if (d != shards.size()) return fail("manifest.txt lists shard " + std::to_string(d) + " out of order");
-        shards.emplace_back(size, sum);
+        if (d != m.shards.size()) return fail("manifest.txt lists shard " + std::to_string(d) + " out of order");
+        m.shards.emplace_back(size, sum);
       } else if (key != "program" && !key.empty()) {
         return fail("manifest.txt has an unknown line '" + line + "'");
       }
@@ -241,66 +234,99 @@ inline Loaded load(const std::string& dir) {
   } catch (const std::logic_error&) {  // std::stoll
     return fail("manifest.txt has a malformed line '" + line + "'");
   }
-  if (!mesh) return fail("manifest.txt names no mesh");
-  if (static_cast<std::int64_t>(shards.size()) != mesh->num_devices())
-    return fail("manifest.txt lists " + std::to_string(shards.size()) + " shards for mesh " + mesh->to_string());
+  if (!has_mesh) return fail("manifest.txt names no mesh");
+  if (static_cast<std::int64_t>(m.shards.size()) != m.mesh.num_devices())
+    return fail("manifest.txt lists " + std::to_string(m.shards.size()) + " shards for mesh " + m.mesh.to_string());
+  return m;
+}
 
-  for (const auto& e : tensors) out.tensors.emplace(e.name, Array(e.type));
-  for (std::size_t d = 0; d < shards.size(); ++d) {
+// Reads the shards one at a time (so at most one shard's bytes are held), checks each against the manifest,
+// and calls piece(tensor, device, array) for every saved piece.
+template <class Piece>
+void for_each_piece(const Manifest& m, Piece&& piece) {
+  auto fail = [&](const std::string& why) { user_error("checkpoint '" + m.where + "': " + why); };
+  for (std::size_t d = 0; d < m.shards.size(); ++d) {
     const std::string file = "shard-" + std::to_string(d) + ".bin";
-    const auto bytes = detail::read_file(where + "/" + file);
-    if (!bytes) return fail(file + " is missing (partial checkpoint)");
-    if (bytes->size() != shards[d].first)
-      return fail(file + " has " + std::to_string(bytes->size()) + " bytes, the manifest says " +
-                  std::to_string(shards[d].first) + " (truncated or partial checkpoint)");
-    if (detail::hex(detail::fnv1a(*bytes)) != shards[d].second)
-      return fail(file + " is corrupted: checksum " + detail::hex(detail::fnv1a(*bytes)) + ", the manifest says " +
-                  shards[d].second);
+    const auto bytes = read_file(m.where + "/" + file);
+    if (!bytes) fail(file + " is missing (partial checkpoint)");
+    if (bytes->size() != m.shards[d].first)
+      fail(file + " has " + std::to_string(bytes->size()) + " bytes, the manifest says " +
+           std::to_string(m.shards[d].first) + " (truncated or partial checkpoint)");
+    if (hex(fnv1a(*bytes)) != m.shards[d].second)
+      fail(file + " is corrupted: checksum " + hex(fnv1a(*bytes)) + ", the manifest says " + m.shards[d].second);
     std::size_t at = bytes->find('\n') + 1;
-    if (bytes->compare(0, at, "partir-shard 1 step " + std::to_string(out.step) + " device " + std::to_string(d) + "\n") != 0)
-      return fail(file + " belongs to another step or device");
-    for (const auto& e : tensors) {
+    if (bytes->compare(0, at, "partir-shard 1 step " + std::to_string(m.step) + " device " + std::to_string(d) + "\n") != 0)
+      fail(file + " belongs to another step or device");
+    for (const auto& e : m.tensors) {
       const auto name_end = bytes->find('\n', at), header_end = bytes->find('\n', name_end + 1);
       if (header_end == std::string::npos || bytes->compare(at, name_end - at, e.name) != 0)
-        return fail(file + " does not hold '" + e.name + "' where the manifest puts it");
+        fail(file + " does not hold '" + e.name + "' where the manifest puts it");
       std::stringstream header(bytes->substr(name_end + 1, header_end - name_end - 1));
       std::string dtype, shape;
       std::int64_t size = 0;
       header >> dtype >> shape >> size;
-      Array piece(TensorType{detail::parse_shape(shape), parse_dtype(dtype)});
+      Array a(TensorType{parse_shape(shape), parse_dtype(dtype)});
       at = header_end + 1;
-      if (piece.bytes() != size || at + static_cast<std::size_t>(size) > bytes->size())
-        return fail(file + ": piece of '" + e.name + "' is malformed");
-      std::memcpy(layout::bytes(piece), bytes->data() + at, static_cast<std::size_t>(size));
+      if (a.bytes() != size || at + static_cast<std::size_t>(size) > bytes->size())
+        fail(file + ": piece of '" + e.name + "' is malformed");
+      std::memcpy(layout::bytes(a), bytes->data() + at, static_cast<std::size_t>(size));
       at += static_cast<std::size_t>(size);
-      const Sharding sharding = detail::parse_dims(e.dims, e.type.rank());
-      if (local_shape(e.type, sharding, *mesh) != piece.shape())
-        return fail(file + ": piece of '" + e.name + "' is " + to_string(piece.type()) + ", its layout " +
-                    to_string(e.type, sharding) + " on " + mesh->to_string() + " needs " +
-                    to_string(local_shape(e.type, sharding, *mesh)));
-      detail::place(piece, sharding, *mesh, static_cast<std::int64_t>(d), out.tensors.at(e.name));
+      if (local_shape(e.type, e.sharding, m.mesh) != a.shape())
+        fail(file + ": piece of '" + e.name + "' is " + to_string(a.type()) + ", its layout " +
+             to_string(e.type, e.sharding) + " on " + m.mesh.to_string() + " needs " +
+             to_string(local_shape(e.type, e.sharding, m.mesh)));
+      piece(e, static_cast<std::int64_t>(d), a);
     }
   }
+}
+
+}  // namespace detail
+
+// Every tensor of the latest checkpoint in `dir` as a global array, and its step.
+struct Loaded {
+  std::int64_t step = 0;
+  NamedArrays tensors;
+};
+
+inline Loaded load(const std::string& dir) {
+  const detail::Manifest m = detail::read_manifest(dir);
+  Loaded out{m.step, {}};
+  for (const auto& e : m.tensors) out.tensors.emplace(e.name, Array(e.type));
+  detail::for_each_piece(m, [&](const detail::Manifest::Tensor& e, std::int64_t device, const Array& piece) {
+    layout::copy_overlap(piece, layout::piece_offset(e.type.shape, e.sharding, m.mesh, device), out.tensors.at(e.name),
+                         std::vector<std::int64_t>(e.type.shape.size(), 0));
+  });
   return out;
 }
 
 // Restores the latest checkpoint in `dir` into `state`: this device's piece of every parameter and optimizer
-// state input of `spmd`, laid out as `spmd` wants (any mesh, any schedule). Returns the saved step.
+// state input of `spmd`, laid out as `spmd` wants (any mesh, any schedule). Returns the saved step. Each
+// piece is assembled from the parts of the saved pieces that overlap it: no device holds a whole tensor.
 template <Communicator C>
 std::int64_t restore(const std::string& dir, const SpmdProgram& spmd, C& comm, NamedArrays& state) {
-  const Loaded loaded = load(dir);
+  const detail::Manifest m = detail::read_manifest(dir);
+  const std::string what = "checkpoint '" + dir + "' (step " + std::to_string(m.step) + ")";
+  struct Wanted {
+    Array piece;
+    std::vector<std::int64_t> offset;
+  };
+  std::map<std::string, Wanted> wanted;
   for (const auto& b : spmd.inputs()) {
     if (!is_state(spmd, b)) continue;
-    auto it = loaded.tensors.find(b.name);
-    if (it == loaded.tensors.end())
-      user_error("checkpoint '" + dir + "' (step " + std::to_string(loaded.step) + ") has no tensor '" + b.name +
-                 "' that program '" + spmd.name() + "' needs");
-    if (it->second.type() != b.global)
-      user_error("checkpoint '" + dir + "' (step " + std::to_string(loaded.step) + "): tensor '" + b.name + "' is " +
-                 to_string(it->second.type()) + " but program '" + spmd.name() + "' needs " + to_string(b.global));
-    state[b.name] = layout::shard(it->second, b.sharding, spmd.mesh(), comm.device());
+    auto e = std::find_if(m.tensors.begin(), m.tensors.end(), [&](const auto& t) { return t.name == b.name; });
+    if (e == m.tensors.end()) user_error(what + " has no tensor '" + b.name + "' that program '" + spmd.name() + "' needs");
+    if (e->type != b.global)
+      user_error(what + ": tensor '" + b.name + "' is " + to_string(e->type) + " but program '" + spmd.name() +
+                 "' needs " + to_string(b.global));
+    wanted[b.name] = {Array(spmd.type(b.value)), layout::piece_offset(b.global.shape, b.sharding, spmd.mesh(), comm.device())};
   }
-  return loaded.step;
+  detail::for_each_piece(m, [&](const detail::Manifest::Tensor& e, std::int64_t device, const Array& piece) {
+    if (auto it = wanted.find(e.name); it != wanted.end())
+      layout::copy_overlap(piece, layout::piece_offset(e.type.shape, e.sharding, m.mesh, device), it->second.piece,
+                           it->second.offset);
+  });
+  for (auto& [name, w] : wanted) state[name] = std::move(w.piece);
+  return m.step;
 }
 
 }  // namespace partir::checkpoint

@@ -1,6 +1,7 @@
 #pragma once
 // Moving tiles of a row-major tensor between its layout and contiguous blocks: what collectives need when
 // the dim they act on is not the leading one. Byte-level, so one code path serves every dtype.
+#include <algorithm>
 #include <cstring>
 
 #include "partir/mesh.hpp"
@@ -69,25 +70,58 @@ inline std::vector<std::int64_t> piece_offset(const Shape& global, const Shardin
   return offset;
 }
 
+// A box of shape `box` at `offset` in a row-major value of shape `whole`: the flat index in `whole` of the
+// first element of the box's row r (rows run along the last dim).
+inline std::int64_t row_start(const Shape& box, std::int64_t r, const Shape& whole, const std::vector<std::int64_t>& offset) {
+  std::int64_t at = 0, scale = 1;
+  for (std::size_t d = box.size(); d-- > 0;) {
+    std::int64_t index = 0;
+    if (d + 1 != box.size()) {
+      index = r % box[d];
+      r /= box[d];
+    }
+    at += (index + offset[d]) * scale;
+    scale *= whole[d];
+  }
+  return at;
+}
+
+inline std::int64_t row_count(const Shape& box) {
+  std::int64_t rows = box.empty() || box.back() > 0 ? 1 : 0;
+  for (std::size_t d = 0; d + 1 < box.size(); ++d) rows *= box[d];
+  return rows;
+}
+
 // run(local, global, n) for every contiguous run (a row along the last dim) of a piece of shape `piece` at
 // `offset` in a row-major value of shape `global`: the flat index of the run's first element in each, and
 // its length.
 template <class Run>
 void for_each_run(const Shape& piece, const Shape& global, const std::vector<std::int64_t>& offset, Run&& run) {
-  const std::size_t rank = piece.size();
-  const std::int64_t row = rank ? piece[rank - 1] : 1;
-  std::int64_t rows = row ? 1 : 0;
-  for (std::size_t d = 0; d + 1 < rank; ++d) rows *= piece[d];
-  for (std::int64_t r = 0; r < rows; ++r) {
-    std::int64_t rest = r, at = 0, scale = 1;
-    for (std::size_t d = rank; d-- > 0;) {  // the global flat index, last dim first
-      const std::int64_t index = d + 1 == rank ? 0 : rest % piece[d];
-      if (d + 1 != rank) rest /= piece[d];
-      at += (index + offset[d]) * scale;
-      scale *= global[d];
-    }
-    run(r * row, at, row);
+  const std::int64_t row = piece.empty() ? 1 : piece.back();
+  for (std::int64_t r = 0, rows = row_count(piece); r < rows; ++r) run(r * row, row_start(piece, r, global, offset), row);
+}
+
+// Two pieces of one value, at offsets `from_at` and `to_at` of it: copies the elements they share from
+// `from` into `to` (nothing if they do not overlap).
+inline void copy_overlap(const Array& from, const std::vector<std::int64_t>& from_at, Array& to,
+                         const std::vector<std::int64_t>& to_at) {
+  const std::size_t rank = from.shape().size();
+  Shape box(rank);
+  std::vector<std::int64_t> in_from(rank), in_to(rank);
+  for (std::size_t d = 0; d < rank; ++d) {
+    const std::int64_t lo = std::max(from_at[d], to_at[d]);
+    const std::int64_t hi = std::min(from_at[d] + from.shape()[d], to_at[d] + to.shape()[d]);
+    if (hi <= lo) return;
+    box[d] = hi - lo;
+    in_from[d] = lo - from_at[d];
+    in_to[d] = lo - to_at[d];
   }
+  const auto width = static_cast<std::size_t>(size_of(from.dtype()));
+  const std::int64_t row = rank ? box.back() : 1;
+  for (std::int64_t r = 0, rows = row_count(box); r < rows; ++r)
+    std::memcpy(bytes(to) + static_cast<std::size_t>(row_start(box, r, to.shape(), in_to)) * width,
+                bytes(from) + static_cast<std::size_t>(row_start(box, r, from.shape(), in_from)) * width,
+                static_cast<std::size_t>(row) * width);
 }
 
 // This device's piece of a global value laid out by `sharding` (partial-sum axes: the piece is the value
