@@ -77,12 +77,14 @@ class Executable {
         user_error(where() + ": '" + name + "' is a " + std::string(name_of(spmd_.op(b->value).op.attrs.input_kind)) +
                    " input: it belongs in the state (init, shard_state), not the batch");
     }
+    NamedArrays pieces;
     for (const auto& b : spmd_.inputs()) {
       if (is_state(spmd_, b)) continue;
       auto it = batch.find(b.name);
       if (it == batch.end()) user_error(where() + ": the batch has no '" + b.name + "' " + to_string(b.global));
-      state[b.name] = piece(it->second, b);  // with the state for execute(), taken out again below
+      pieces[b.name] = piece(it->second, b);
     }
+    for (auto& [name, p] : pieces) state.insert_or_assign(name, std::move(p));  // for execute(); out again below
     options.global_inputs = options.global_outputs = false;
     DeviceResult result;
     try {
