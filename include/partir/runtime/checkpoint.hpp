@@ -17,9 +17,9 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <map>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "partir/runtime/communicator.hpp"
