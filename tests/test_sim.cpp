@@ -248,7 +248,7 @@ TEST_CASE("simulate: times by hand on a toy step") {
   CHECK(r.flops == 8 + 8 + 4 + 4);
 }
 
-// The executor runs a chain of elementwise ops as one blocked loop (runtime/fusion.hpp); so does the cost.
+// The executor runs a chain of elementwise ops as one blocked loop (runtime/kernels/fusion.hpp); so does the cost.
 TEST_CASE("simulate: a fused elementwise chain is one pass over memory") {
   const TensorType v{{256}};  // 1 KiB
   SpmdProgram p("chain", Mesh{{"batch", 1}});

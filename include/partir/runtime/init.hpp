@@ -11,7 +11,7 @@
 #include <string_view>
 
 #include "partir/ir/program.hpp"
-#include "partir/runtime/array.hpp"
+#include "partir/runtime/kernels/array.hpp"
 #include "partir/runtime/layout.hpp"
 
 namespace partir {

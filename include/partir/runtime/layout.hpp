@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "partir/mesh.hpp"
-#include "partir/runtime/array.hpp"
+#include "partir/runtime/kernels/array.hpp"
 #include "partir/sharding/sharding.hpp"
 
 namespace partir::layout {

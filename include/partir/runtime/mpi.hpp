@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "partir/runtime/communicator.hpp"
-#include "partir/runtime/kernel_threads.hpp"
+#include "partir/runtime/kernels/kernel_threads.hpp"
 #include "partir/runtime/malloc_policy.hpp"
 
 namespace partir::mpi {

@@ -5,7 +5,7 @@
 #include <optional>
 #include <span>
 
-#include "partir/runtime/fused_kernel.hpp"
+#include "partir/runtime/kernels/fused_kernel.hpp"
 
 namespace partir {
 

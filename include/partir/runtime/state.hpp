@@ -1,7 +1,7 @@
 #pragma once
 // Loop-carried training state: the outputs of a step that update inputs become those inputs next step.
 #include "partir/ir/program.hpp"
-#include "partir/runtime/array.hpp"
+#include "partir/runtime/kernels/array.hpp"
 #include "partir/spmd/spmd_program.hpp"
 
 namespace partir {

@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "partir/runtime/communicator.hpp"
-#include "partir/runtime/kernel_threads.hpp"
+#include "partir/runtime/kernels/kernel_threads.hpp"
 #include "partir/runtime/malloc_policy.hpp"
 
 namespace partir::threads {

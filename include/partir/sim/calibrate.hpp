@@ -20,7 +20,7 @@
 #include <limits>
 
 #include "partir/runtime/executor.hpp"
-#include "partir/runtime/fused_kernel.hpp"
+#include "partir/runtime/kernels/fused_kernel.hpp"
 #include "partir/sim/cost_model.hpp"
 
 namespace partir {

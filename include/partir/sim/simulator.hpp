@@ -5,7 +5,7 @@
 // use (an op's operands and result count together), outputs to the end.
 #include "partir/sim/cost_model.hpp"
 #include "partir/sim/report.hpp"
-#include "partir/runtime/fusion.hpp"
+#include "partir/runtime/kernels/fusion.hpp"
 
 namespace partir {
 
@@ -71,7 +71,7 @@ inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
   for (const auto& b : p.inputs()) resident[kinds[static_cast<std::size_t>(b.value)]] += p.type(b.value).bytes();
   r.inputs = r.peak = resident;
   r.peak_bytes = resident.total();
-  // Memory as the executor runs it: fused elementwise chains (runtime/fusion.hpp) never hold their inner
+  // Memory as the executor runs it: fused elementwise chains (runtime/kernels/fusion.hpp) never hold their inner
   // values, and a group's inputs live until its root.
   const FusionPlan fusion = plan_fusion(p);
   const auto& frees = fusion.last_uses();

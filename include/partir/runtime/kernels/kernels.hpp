@@ -21,8 +21,8 @@
 #include <type_traits>
 
 #include "partir/ir/op.hpp"
-#include "partir/runtime/array.hpp"
-#include "partir/runtime/blas.hpp"
+#include "partir/runtime/kernels/array.hpp"
+#include "partir/runtime/kernels/blas.hpp"
 
 namespace partir {
 

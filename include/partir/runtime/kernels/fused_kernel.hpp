@@ -6,8 +6,8 @@
 // equal to unfused ones and independent of buffer addresses.
 #include <span>
 
-#include "partir/runtime/fusion.hpp"
-#include "partir/runtime/kernels.hpp"
+#include "partir/runtime/kernels/fusion.hpp"
+#include "partir/runtime/kernels/kernels.hpp"
 
 namespace partir {
 

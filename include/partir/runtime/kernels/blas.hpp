@@ -10,7 +10,7 @@
 #include <cstring>
 #include <string_view>
 
-#include "partir/runtime/kernel_threads.hpp"
+#include "partir/runtime/kernels/kernel_threads.hpp"
 
 namespace partir {
 
