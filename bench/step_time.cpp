@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
     const double ms = spmd_step_ms(c, two, state, reps);
     if (c.device() == 0) bp_ms = ms;
   });
-  std::printf("# BP on the threads backend\n");
+  std::printf("# BP on the threads backend (%s GEMMs)\n", std::string(p::name_of(engine)).c_str());
   std::printf("%-22s %10.2f ms %8.1f GFLOP/s\n", "1 device", single_ms, flops / single_ms / 1e6);
   std::printf("%-22s %10.2f ms %8.1f GFLOP/s\n", "bp, 2 devices", bp_ms, flops / bp_ms / 1e6);
   std::printf("bp speedup on 2 devices: %.2fx (target >= 1.7x)\n", single_ms / bp_ms);

@@ -2,16 +2,18 @@
 """GPT train step time, PyTorch CPU against partir: the same byte-level GPT (nn::Gpt of
 include/partir/dsl/transformer.hpp, written again in torch below), same sizes, fp32, Adam, one run each:
 
-  torch, 1 thread           vs  partir, 1 device        (build/examples/gpt_train)
-  torch, 2 threads          vs  partir, BP on 2 devices (threads backend; and 2 MPI ranks when mpirun exists)
+  torch, 1 thread           vs  partir, 1 device on 1 thread (build/examples/gpt_train, PARTIR_NUM_THREADS=1)
+  torch, 2 threads          vs  partir, 1 device on 2 threads, and BP on 2 devices (threads backend; and 2 MPI
+                                ranks when mpirun exists), each device on 1 thread
 
 Each configuration runs in its own process with OPENBLAS_NUM_THREADS set, since torch.set_num_threads does not
-bound OpenBLAS's pool. Step time is the median over the steps after --warmup. partir also runs with glibc's
+bound OpenBLAS's pool; partir's thread budget is PARTIR_NUM_THREADS (its GEMM engine, oneDNN by default, and
+OpenBLAS follow it). Step time is the median over the steps after --warmup. partir also runs with glibc's
 malloc told to keep freed memory (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_): its kernels allocate a
 fresh buffer per op, and by default glibc returns large ones to the kernel, so every step page-faults its
 intermediates again; the "malloc kept" rows show what a buffer-reusing runtime would gain.
 
-usage: /usr/bin/python3 bench/vs_pytorch_gpt.py [--build build] [--steps 30] [--batch 16 --seq 64 ...]
+usage: /usr/bin/python3 bench/vs_pytorch_gpt.py [--build build] [--steps 30] [--batch 8 --seq 128 --dmodel 512 ...]
 (Debian's python3-torch lives under /usr/bin/python3, not a pyenv or venv interpreter.)
 """
 import argparse
@@ -93,7 +95,7 @@ def torch_step_ms(a):
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 
 
-def partir_step_ms(a, mesh, schedule, launcher, malloc_env):
+def partir_step_ms(a, mesh, schedule, launcher, malloc_env, threads):
     binary = pathlib.Path(a.build) / "examples" / "gpt_train"
     with tempfile.TemporaryDirectory() as tmp:
         report = pathlib.Path(tmp) / "report.json"
@@ -103,7 +105,7 @@ def partir_step_ms(a, mesh, schedule, launcher, malloc_env):
                           "--report-file", str(report)]
         if launcher:
             cmd += ["--backend", "mpi"]
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=dict(env_with_threads(1), **malloc_env))
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=dict(env_with_threads(1), PARTIR_NUM_THREADS=str(threads), **malloc_env))
         return statistics.median(json.loads(report.read_text())["step_ms"][a.warmup:])
 
 
@@ -119,11 +121,11 @@ def main():
     parser.add_argument("--build", default=str(ROOT / "build"))
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the median")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--dmodel", type=int, default=64)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--dmodel", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)  # set in the torch child
     a = parser.parse_args()
@@ -137,17 +139,20 @@ def main():
         return float(out.stdout.split()[-1])
 
     tokens = a.batch * a.seq
-    def partir_rows(label, mesh, schedule, launcher, torch_row):
-        return [(label, partir_step_ms(a, mesh, schedule, launcher, {}), torch_row),
-                (label + ", malloc kept", partir_step_ms(a, mesh, schedule, launcher, KEEP_FREED_MEMORY), torch_row)]
+    def partir_rows(label, mesh, schedule, launcher, torch_row, threads):
+        return [(label, partir_step_ms(a, mesh, schedule, launcher, {}, threads), torch_row),
+                (label + ", malloc kept", partir_step_ms(a, mesh, schedule, launcher, KEEP_FREED_MEMORY, threads),
+                 torch_row)]
 
     rows = [("torch, 1 thread", torch_ms(1), None)]
-    rows += partir_rows("partir, 1 device", "batch=1", "none", [], 0)
+    rows += partir_rows("partir, 1 device, 1 thread", "batch=1", "none", [], 0, 1)
     rows.append(("torch, 2 threads", torch_ms(2), None))
     torch2 = len(rows) - 1
-    rows += partir_rows("partir, bp on 2 threads", "batch=2", "bp", [], torch2)
+    rows += partir_rows("partir, 1 device, 2 threads", "batch=1", "none", [], torch2, 2)
+    rows += partir_rows("partir, bp on 2 devices (threads)", "batch=2", "bp", [], torch2, 2)
     if shutil.which("mpirun"):
-        rows += partir_rows("partir, bp on 2 MPI ranks", "batch=2", "bp", ["mpirun", "--oversubscribe", "-np", "2"], torch2)
+        rows += partir_rows("partir, bp on 2 MPI ranks", "batch=2", "bp", ["mpirun", "--oversubscribe", "-np", "2"],
+                            torch2, 2)
     print(f"GPT train step: batch {a.batch}, seq {a.seq}, d_model {a.dmodel}, heads {a.heads}, layers {a.layers}, "
           f"vocab 256, fp32, Adam; median of {a.steps - a.warmup} steps")
     print(f"{'run':<42}{'ms/step':>10}{'tokens/s':>12}{'torch/partir':>14}")

@@ -349,6 +349,24 @@ TEST_CASE("catalog: shapes that used to crash, and run-time setup") {
                        "--backend: expected threads, mpi or nccl, got 'gpu'", UserError);
 }
 
+TEST_CASE("catalog: GEMM engines") {
+  // E78 an unknown PARTIR_GEMM value names the choices and what this build has
+  CHECK_THROWS_WITH_AS(parse_gemm_engine("mkl"),
+                       ("PARTIR_GEMM=mkl: unknown GEMM engine (choices: onednn, blas, eigen; built in: " +
+                        gemm_engines_built_in() + ")").c_str(),
+                       UserError);
+  // E79 an engine this build lacks (a -Dgemm=eigen build is checked by tests/consumer; here every one may be in)
+  for (GemmEngine e : all_gemm_engines)
+    if (!built_in(e)) {
+      const std::string name(name_of(e));
+      CHECK_THROWS_WITH_AS(set_gemm_engine(e),
+                           ("set_gemm_engine=" + name + ": this build has no " + name + " GEMM engine (built in: " +
+                            gemm_engines_built_in() + "; Meson -Dgemm=" + (name == "blas" ? "openblas" : name) +
+                            " builds it)").c_str(),
+                           UserError);
+    }
+}
+
 TEST_CASE("catalog: partir's own bugs are InternalErrors, a different type") {
   // E71 a kernel asked to run an input op (only a broken executor would): not a UserError
   const Op in{OpKind::input, {}, {}, TensorType{{2}}, "x"};

@@ -1,14 +1,25 @@
 // The README's "Using it" flow, as a downstream project writes it (smaller sizes): a train step, a plan,
 // its explanation and simulation, and a training loop on 4 threads whose losses must equal the
-// single-device interpreter's.
+// single-device interpreter's. argv[1] names the GEMM engine the build must have chosen.
 #include <partir/partir.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <iostream>
+#include <string>
 
-int main() {
+int main(int argc, char** argv) {
   namespace p = partir;
+  std::cout << "gemm engine: " << p::name_of(p::gemm_engine()) << "\n";
+  if (argc > 1 && p::name_of(p::gemm_engine()) != argv[1]) return 1;
+  if (!p::built_in(p::GemmEngine::onednn)) {  // the diagnostic of an engine the build lacks
+    try {
+      p::set_gemm_engine(p::GemmEngine::onednn);
+      return 1;
+    } catch (const p::UserError& e) {
+      std::cout << e.what() << "\n";
+    }
+  }
   p::nn::Mlp model{"params/mlp", {16, 64, 16}};
   const p::Program step = p::train_step([&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); }, p::Adam{1e-2},
                                         {{"x", {32, 16}}, {"y", {32, 16}}});

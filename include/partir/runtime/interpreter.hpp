@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "partir/ir/program.hpp"
+#include "partir/runtime/malloc_policy.hpp"
 #include "partir/runtime/run_op.hpp"
 
 namespace partir {
@@ -23,6 +24,7 @@ struct RunStats {
 // for the same reason as eval(): only translation units that run programs instantiate the kernels.
 template <class Inputs = NamedArrays>
 NamedArrays interpret(const Program& p, const Inputs& inputs, RunStats* stats = nullptr) {
+  keep_freed_memory();  // as the backends do: a step must not page-fault its buffers afresh
   const std::string where = "interpret " + p.name();
   std::int64_t resident = 0;
   for (auto v : p.inputs()) {

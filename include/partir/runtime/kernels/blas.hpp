@@ -1,42 +1,12 @@
 #pragma once
-// The GEMM engine behind dot_general: a cblas sgemm/dgemm (OpenBLAS) when the build defines PARTIR_USE_BLAS
-// (Meson -Dblas=auto|openblas adds it together with the library; a header-only consumer defines it and links
-// cblas itself), else Eigen's product. Which one runs is a process-wide setting, so a benchmark or a
-// differential test can run both in one binary; the default is BLAS where it is built in, or
-// PARTIR_GEMM=eigen in the environment.
-#include <atomic>
+// OpenBLAS's cblas GEMMs, built in when the build defines PARTIR_USE_BLAS (Meson -Dgemm=auto|openblas adds it
+// together with the library; a header-only consumer defines it and links cblas itself).
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <string_view>
+#include <type_traits>
 
 #include "partir/runtime/kernels/kernel_threads.hpp"
 
 namespace partir {
-
-enum class GemmEngine : std::uint8_t { eigen, blas };
-
-inline constexpr bool blas_built_in =
-#ifdef PARTIR_USE_BLAS
-    true;
-#else
-    false;
-#endif
-
-namespace detail {
-inline std::atomic<GemmEngine>& gemm_engine_now() {
-  static std::atomic<GemmEngine> engine{[] {
-    const char* v = std::getenv("PARTIR_GEMM");
-    return blas_built_in && !(v && std::string_view(v) == "eigen") ? GemmEngine::blas : GemmEngine::eigen;
-  }()};
-  return engine;
-}
-}  // namespace detail
-
-inline GemmEngine gemm_engine() { return detail::gemm_engine_now(); }
-// Selects the engine for every later dot_general; asking for BLAS in a build without it keeps Eigen.
-inline void set_gemm_engine(GemmEngine e) { detail::gemm_engine_now() = blas_built_in ? e : GemmEngine::eigen; }
-inline std::string_view name_of(GemmEngine e) { return e == GemmEngine::blas ? "blas" : "eigen"; }
 
 namespace blas {
 

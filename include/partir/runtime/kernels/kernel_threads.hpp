@@ -2,9 +2,10 @@
 // One thread budget for the whole process: the kernels of every device that runs at once share the cores.
 // The budget is PARTIR_NUM_THREADS (default: the hardware threads). A single device (interpret, or one
 // device on the threads backend) gets all of it; N devices on the threads backend get budget / N each, and an
-// MPI rank gets budget / (ranks on its host): with one device per core that is one BLAS thread each, so BLAS
-// pools never fight the device threads or each other. Only the BLAS GEMMs use more than one thread; Eigen's
-// product and the elementwise loops run on the calling thread.
+// MPI rank gets budget / (ranks on its host): with one device per core that is one GEMM thread each, so GEMM
+// pools never fight the device threads or each other. Only the GEMMs use more than one thread: OpenBLAS's
+// pool is sized here (process-wide); oneDNN's OpenMP team is sized per calling thread from kernel_threads()
+// (onednn.hpp). Eigen's product and the elementwise loops run on the calling thread.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>

@@ -3,7 +3,8 @@
 // (no Eigen Tensor module: it would add seconds of compile time to every translation unit).
 // Float math is instantiated for f32 and f64 only; ops that move, compare or sum data also take i32.
 // Every layout op (broadcast, transpose, slice, pad, concatenate) is one strided copy, and dot_general is
-// a loop of GEMMs (BLAS or Eigen, see blas.hpp) on the operands in place wherever their layout allows it.
+// one batched oneDNN matmul or a loop of GEMMs (BLAS or Eigen; see gemm_engine.hpp) on the operands in place
+// wherever their layout allows it.
 
 // GCC 12 warns falsely about the _mm512_undefined_* temporaries of its own AVX-512 intrinsics once they are
 // inlined into Eigen's kernels (GCC PR105593). The pragma silences them when this header is the first to
@@ -23,6 +24,8 @@
 #include "partir/ir/op.hpp"
 #include "partir/runtime/kernels/array.hpp"
 #include "partir/runtime/kernels/blas.hpp"
+#include "partir/runtime/kernels/gemm_engine.hpp"
+#include "partir/runtime/kernels/onednn.hpp"
 
 namespace partir {
 
@@ -437,6 +440,9 @@ template <class T, int Order>
 using MatrixMap =
     Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, Eigen::Unaligned, Eigen::OuterStride<>>;
 
+// Below this many rows + contracting + columns a GEMM is a few sums, computed in a fixed order (see batched_gemm).
+inline constexpr std::int64_t gemm_min_size = 20;
+
 template <class T, int LhsOrder, int RhsOrder>
 void batched_gemm(const Shape& batch, const T* lhs, const OperandPlan& l, const T* rhs, const OperandPlan& r, T* out) {
   const MatrixLayout &a = l.matrix, &b = r.matrix;
@@ -447,8 +453,9 @@ void batched_gemm(const Shape& batch, const T* lhs, const OperandPlan& l, const 
     MatrixMap<T, LhsOrder> lm(lhs + off[0], a.rows, a.cols, Eigen::OuterStride<>(a.outer_stride));
     MatrixMap<T, RhsOrder> rm(rhs + off[1], b.rows, b.cols, Eigen::OuterStride<>(b.outer_stride));
     Eigen::Map<Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>> om(out + off[2], a.rows, b.cols);
-    if (a.rows + a.cols + b.cols >= 20) {
-      if (engine == GemmEngine::blas &&
+    if (a.rows + a.cols + b.cols >= gemm_min_size) {
+      // oneDNN has no f64 matmul: under the onednn engine f64 runs on BLAS where it is built in.
+      if (engine != GemmEngine::eigen &&
           blas::gemm<T>(a.row_major, b.row_major, a.rows, b.cols, a.cols, lhs + off[0], a.outer_stride, rhs + off[1],
                         b.outer_stride, out + off[2], b.cols))
         return;
@@ -475,6 +482,11 @@ void dot_general(const Array& lhs, const Array& rhs, const DotDims& d, Array& ou
   Shape batch;
   for (auto b : d.lhs_batch) batch.push_back(lhs.shape()[b]);
   const bool lrow = plan.lhs.matrix.row_major, rrow = plan.rhs.matrix.row_major;
+  const MatrixLayout &a = plan.lhs.matrix, &b = plan.rhs.matrix;
+  if (gemm_engine() == GemmEngine::onednn && a.rows + a.cols + b.cols >= gemm_min_size &&
+      onednn::matmul<T>(batch, {plan.lhs.batch_strides, lrow, a.outer_stride}, {plan.rhs.batch_strides, rrow, b.outer_stride},
+                        a.rows, b.cols, a.cols, l, r, ptr<T>(out)))
+    return;
   constexpr int R = Eigen::RowMajor, C = Eigen::ColMajor;
   if (lrow && rrow) batched_gemm<T, R, R>(batch, l, plan.lhs, r, plan.rhs, ptr<T>(out));
   else if (lrow) batched_gemm<T, R, C>(batch, l, plan.lhs, r, plan.rhs, ptr<T>(out));
