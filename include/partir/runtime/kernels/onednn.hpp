@@ -111,6 +111,8 @@ inline CacheStats cache_stats() {
 // Frees this thread's primitives (they are made again on use).
 inline void clear_cache() { detail::context().primitives.clear(); }
 
+inline constexpr std::size_t max_cached_primitives = 4096;
+
 // C[batch..., m, n] = A[batch..., m, k] B[batch..., k, n], C dense row-major. Returns false when this build
 // has no oneDNN or oneDNN has no matmul for T or this layout; the caller then uses another engine.
 template <class T>
@@ -138,9 +140,11 @@ bool matmul(const std::vector<std::int64_t>& batch, const Operand& a, const Oper
     for (const auto* part : {&a_dims, &a_strides, &b_dims, &b_strides}) key.insert(key.end(), part->begin(), part->end());
     auto& ctx = detail::context();
     auto it = ctx.primitives.find(key);
-    if (it == ctx.primitives.end())
+    if (it == ctx.primitives.end()) {
+      if (ctx.primitives.size() >= max_cached_primitives) ctx.primitives.clear();  // a program's shapes are few
       it = ctx.primitives.emplace(key, detail::create<T>(ctx.engine, a_dims, a_strides, b_dims, b_strides, c_dims, c_strides))
                .first;
+    }
     if (!it->second) return false;
     const detail::Primitive& p = *it->second;
     dnnl::memory am(p.a, ctx.engine, const_cast<T*>(a_data)), bm(p.b, ctx.engine, const_cast<T*>(b_data));
