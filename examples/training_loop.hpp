@@ -52,6 +52,10 @@ struct LoopOptions {
   std::string report_file;   // "" = no report
   std::string label;         // mesh, schedule and backend, for the report
   CheckpointOptions checkpoint = {};
+  long log_every = 1;        // a progress line every N steps (and after the last)
+  // Called on device 0 after the last step of a run that started at step 1, with the trained state made
+  // whole and the last loss: the example checks them against the single-device program.
+  std::function<void(const p::NamedArrays& trained, double loss)> check_single_device = {};
 };
 
 // Makes the global data inputs of step `s` (identical on every device: same seed, same step).
@@ -114,9 +118,13 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
     loss = r.outputs.at("loss").at(0);
     if (!ck.dir.empty() && (s == o.steps || (ck.every > 0 && s % ck.every == 0)))
       p::checkpoint::save(ck.dir, spmd, comm, state, s);
-    if (lead)
+    if (lead && (s % std::max(1L, o.log_every) == 0 || s == o.steps))
       std::cout << "step " << s << " loss " << std::setprecision(6) << loss << " ms " << std::setprecision(4) << ms
                 << " tokens/s " << std::setprecision(4) << o.tokens_per_step / (ms / 1e3) << std::endl;
+  }
+  if (o.check_single_device && first == 1) {
+    const p::NamedArrays trained = exe.gather_state(state);  // a collective: every device takes part
+    if (lead) o.check_single_device(trained, loss);
   }
   // Every device's peak, gathered to all (doubles: collectives carry float types).
   const auto n = comm.num_devices();

@@ -77,7 +77,7 @@ done
 # outputs are host arrays), so TFLOP/s is a lower bound on the kernels' rate.
 flops=$(awk 'BEGIN { b = 4096; f = 1024; h = 4096; printf "%.0f", 6 * b * (f*h + h*h + h*f) }')
 for tf32 in 0 1; do
-  PARTIR_CUBLAS_TF32=$tf32 timeout 90 build-gpu/examples/mlp_train --backend nccl --steps 12 --batch 4096 \
+  PARTIR_CUBLAS_TF32=$tf32 timeout 90 build-gpu/examples/mlp_train --backend nccl --mesh batch=1 --schedule none --no-check --steps 12 --batch 4096 \
     --features 1024 --hidden 4096 > "$out/mlp_tf32_$tf32.txt" 2>&1
   rc=$?
   awk '/^step / && $2 > 2 {print $6}' "$out/mlp_tf32_$tf32.txt" | sort -n |
