@@ -189,7 +189,9 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
   HardwareProfile hw;
   hw.name = o.name;
   const std::int64_t devices = comm.num_devices();
-  hw.source = "calibrated on " + std::to_string(devices) + " devices running at once";
+  // GEMMs run on the engine in use (gemm_engine()): a profile describes the kernels that measured it.
+  hw.source = "calibrated on " + std::to_string(devices) + " devices running at once, " +
+              std::string(name_of(gemm_engine())) + " GEMMs";
   cal::measure_gemms(comm, DType::f32, o, hw);
   cal::measure_gemms(comm, DType::f64, o, hw);
   hw.peak_flops[DType::i32] = hw.peak_flops[DType::f32];  // i32 ops are elementwise: memory bound anyway
