@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
   const std::string report_file = args.get("report-file", "gpt_train_report.json", "where --report json writes");
   const long sample = args.get_int("sample", 0, "bytes to generate after training");
   const double temperature = args.get_double("temperature", 0, "sampling temperature; 0 picks the likeliest byte");
+  const long log_every = examples::log_every_flag(args, steps);
   const examples::CheckpointOptions checkpoint = examples::checkpoint_flags(args);
   args.finish();
 
@@ -49,7 +50,7 @@ int main(int argc, char** argv) {
                                         report == "json" ? report_file : "",
                                         "gpt_train mesh " + mesh.to_string() + " schedule " + schedule_text +
                                             " backend " + backend,
-                                        checkpoint};
+                                        checkpoint, log_every};
     auto next_batch = [&](long s) { return gpt::batch_at(text, batch, seq, static_cast<std::uint64_t>(seed), s); };
 
     auto run = [&]<p::Communicator C>(C& comm) {

@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   const double lr = args.get_double("lr", 3e-3, "Adam learning rate");
   const std::string mesh_text = args.get("mesh", "batch=2,model=2", "device mesh, axes major to minor");
   const std::string schedule_text = args.get("schedule", "bp,mp,z3", "tactics in order: bp, mp, z2, z3, auto:model (comma-separated), or none");
-  const long log_every = args.get_int("log-every", 0, "a progress line every N steps (0: every step up to 20 steps, else steps/10)");
+  const long log_every = examples::log_every_flag(args, steps);
   const bool check = !args.get_flag("no-check", "skip the check against the single-device program after training");
   const std::string backend = args.get("backend", "threads", "threads (one process), mpi (under mpirun) or nccl (one GPU per device)");
   const std::string report = args.get("report", "", "'json' writes a JSON report of the run");
@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
     examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), batch,
                                   report == "json" ? report_file : "",
                                   "mlp_train mesh " + mesh.to_string() + " schedule " + schedule_text + " backend " + backend,
-                                  checkpoint, log_every > 0 ? log_every : steps <= 20 ? 1 : std::max(1L, steps / 10)};
+                                  checkpoint, log_every};
     // The same steps on one device (the interpreter, from the same initial state and batches): the partitioned
     // run must end with the same parameters and loss, up to float rounding in a different order.
     if (check)

@@ -23,6 +23,8 @@
 #include <iostream>
 #include <sstream>
 
+#include <unistd.h>
+
 #include "cli.hpp"
 
 namespace examples {
@@ -45,6 +47,12 @@ inline CheckpointOptions checkpoint_flags(cli::Args& args) {
   return c;
 }
 
+// --log-every N: a progress line every N steps; 0 (the default) means every step up to 20 steps, else steps/10.
+inline long log_every_flag(cli::Args& args, long steps) {
+  const long n = args.get_int("log-every", 0, "a progress line every N steps (0: every step up to 20 steps, else steps/10)");
+  return n > 0 ? n : steps <= 20 ? 1 : std::max(1L, steps / 10);
+}
+
 struct LoopOptions {
   long steps = 100;
   std::uint64_t seed = 0;
@@ -52,7 +60,7 @@ struct LoopOptions {
   std::string report_file;   // "" = no report
   std::string label;         // mesh, schedule and backend, for the report
   CheckpointOptions checkpoint = {};
-  long log_every = 1;        // a progress line every N steps (and after the last)
+  long log_every = 1;        // a progress line every N steps (and after the last); on a terminal, a live line between
   // Called on device 0 after the last step of a run that started at step 1, with the trained state made
   // whole and the last loss: the example checks them against the single-device program.
   std::function<void(const p::NamedArrays& trained, double loss)> check_single_device = {};
@@ -107,6 +115,9 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
       std::cout << "no checkpoint in " << ck.dir << ": starting at step 1" << std::endl;
     }
   }
+  const bool live = lead && isatty(STDOUT_FILENO);  // a line redrawn each step, as progress bars do
+  const auto started = std::chrono::steady_clock::now();
+  auto drawn = started - std::chrono::seconds(1);
   for (long s = first; s <= o.steps; ++s) {
     const p::NamedArrays batch = next_batch(s);
     comm.barrier();  // time the step, not the previous step's stragglers
@@ -118,10 +129,22 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
     loss = r.outputs.at("loss").at(0);
     if (!ck.dir.empty() && (s == o.steps || (ck.every > 0 && s % ck.every == 0)))
       p::checkpoint::save(ck.dir, spmd, comm, state, s);
-    if (lead && (s % std::max(1L, o.log_every) == 0 || s == o.steps))
-      std::cout << "step " << s << " loss " << std::setprecision(6) << loss << " ms " << std::setprecision(4) << ms
-                << " tokens/s " << std::setprecision(4) << o.tokens_per_step / (ms / 1e3) << std::endl;
+    const bool logged = s % std::max(1L, o.log_every) == 0 || s == o.steps;
+    if (live && !logged && std::chrono::steady_clock::now() - drawn > std::chrono::milliseconds(100)) {  // <= 10 Hz
+      drawn = std::chrono::steady_clock::now();
+      const double elapsed = std::chrono::duration<double>(drawn - started).count();
+      const double eta = elapsed / static_cast<double>(s - first + 1) * static_cast<double>(o.steps - s);
+      std::cout << "\r\033[K"  // back to the line's start, clear it
+                << "step " << s << "/" << o.steps << "  loss " << std::setprecision(6) << loss << "  "
+                << std::setprecision(4) << ms << " ms  " << o.tokens_per_step / (ms / 1e3) << " tokens/s  ETA "
+                << std::setprecision(3) << eta << " s" << std::flush;
+    }
+    if (lead && logged)
+      std::cout << (live ? "\r\033[K" : "") << "step " << s << " loss " << std::setprecision(6) << loss << " ms "
+                << std::setprecision(4) << ms << " tokens/s " << std::setprecision(4)
+                << o.tokens_per_step / (ms / 1e3) << std::endl;
   }
+  const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (o.check_single_device && first == 1) {
     const p::NamedArrays trained = exe.gather_state(state);  // a collective: every device takes part
     if (lead) o.check_single_device(trained, loss);
@@ -134,7 +157,8 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
   const double mine = static_cast<double>(peak);
   comm.all_gather(all, &mine, peaks.data(), 1, p::DType::f64);
   if (lead) {
-    std::cout << "final loss " << std::setprecision(6) << loss << std::endl;
+    std::cout << "final loss " << std::setprecision(6) << loss << " after " << step_ms.size() << " steps in "
+              << p::human_seconds(total_s) << std::endl;
     // The median step: the first steps also fault in fresh buffers, which the simulator does not model.
     std::vector<double> sorted = step_ms;
     std::sort(sorted.begin(), sorted.end());

@@ -52,10 +52,10 @@ grep -E "^  (all_reduce|all_gather)" "$out/collectives_nccl.txt" | tail -4 | tee
 
 # 4. gpt_train: GPU vs CPU threads, same seed and steps
 steps=60
-timeout 90 build-gpu/examples/gpt_train --backend nccl --steps $steps --report json \
+timeout 90 build-gpu/examples/gpt_train --backend nccl --steps $steps --log-every 1 --report json \
   --report-file "$out/gpt_nccl.json" > "$out/gpt_nccl.txt" 2>&1
 say "gpt_train --backend nccl: exit $? ($(tail -1 "$out/gpt_nccl.txt"))"
-timeout 120 build-gpu/examples/gpt_train --backend threads --steps $steps --report json \
+timeout 120 build-gpu/examples/gpt_train --backend threads --steps $steps --log-every 1 --report json \
   --report-file "$out/gpt_cpu.json" > "$out/gpt_cpu.txt" 2>&1
 say "gpt_train --backend threads: exit $? ($(tail -1 "$out/gpt_cpu.txt"))"
 gpu_loss=$(awk '/^final loss/ {print $3}' "$out/gpt_nccl.txt")
