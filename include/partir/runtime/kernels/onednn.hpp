@@ -74,18 +74,13 @@ inline ThreadContext& context() {
   return ctx;
 }
 
-inline dnnl::memory::desc describe(dnnl::memory::data_type t, const dnnl::memory::dims& dims,
-                                   const dnnl::memory::dims& strides) {
-  return dnnl::memory::desc(dims, t, strides);
-}
-
 template <class T>
 std::optional<Primitive> create(dnnl::engine& engine, const dnnl::memory::dims& a_dims, const dnnl::memory::dims& a_strides,
                                 const dnnl::memory::dims& b_dims, const dnnl::memory::dims& b_strides,
                                 const dnnl::memory::dims& c_dims, const dnnl::memory::dims& c_strides) {
   try {
     constexpr auto t = DataType<T>::value;
-    Primitive p{{}, describe(t, a_dims, a_strides), describe(t, b_dims, b_strides), describe(t, c_dims, c_strides)};
+    Primitive p{{}, {a_dims, t, a_strides}, {b_dims, t, b_strides}, {c_dims, t, c_strides}};
 #if DNNL_VERSION_MAJOR >= 3
     p.matmul = dnnl::matmul(dnnl::matmul::primitive_desc(engine, p.a, p.b, p.c));
 #else
