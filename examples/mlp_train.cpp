@@ -42,8 +42,7 @@ int main(int argc, char** argv) {
     const p::Mesh mesh = p::Mesh::parse(mesh_text);
     const p::Partitioned plan = examples::partition_and_report(step, mesh, p::parse_schedule(schedule_text));
     const p::SpmdProgram spmd = p::lower(plan);
-    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-    if (!rank || std::string(rank) == "0") examples::print_plan_summary(std::cout, plan, spmd, schedule_text, "params/mlp/w1");
+    if (examples::lead_process()) examples::print_plan_summary(std::cout, plan, spmd, schedule_text, "params/mlp/w1");
 
     std::mt19937_64 teacher_rng(static_cast<std::uint64_t>(seed) + 1);
     std::normal_distribution<float> normal(0.f, 1.f);

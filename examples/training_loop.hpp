@@ -192,12 +192,17 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
   return {loss, std::move(state)};
 }
 
+// Whether this process prints what every process computes alike: not an MPI rank other than 0.
+inline bool lead_process() {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  return !rank || std::string(rank) == "0";
+}
+
 // partition() with a --schedule, printing what each automatic tactic (auto:<axis>) chose and why. Once per
 // run: MPI ranks other than 0 (every rank searches, deterministically, to the same plan) stay quiet.
 inline p::Partitioned partition_and_report(const p::Program& step, const p::Mesh& mesh, const p::Schedule& schedule) {
   p::Partitioned plan = p::partition(step, mesh, schedule);
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
-  if (!rank || std::string(rank) == "0")
+  if (lead_process())
     for (const auto& t : schedule)
       if (const auto* a = t.as<p::AutomaticPartition>(); a && a->report) std::cout << *a->report << std::flush;
   return plan;
