@@ -47,7 +47,11 @@ TEST_CASE("catalog: DSL and tracing") {
                        "add: shapes [4,6] and [6,4] do not broadcast (dim 0: 4 vs 6)", UserError);
   // E03 dtype mismatch
   CHECK_THROWS_WITH_AS(trace("bad", [](Tensor a, Tensor b) { return a + b; }, {{"a", {2}}, {"b", {2}, DType::f64}}),
-                       "add: dtypes differ: f32[2] vs f64[2]", UserError);
+                       "add: dtypes differ: f32[2] vs f64[2] (partir never promotes implicitly: convert() one operand)",
+                       UserError);
+  CHECK_THROWS_WITH_AS(trace("bad", [](Tensor a, Tensor b) { return a * b; }, {{"a", {2}, DType::bf16}, {"b", {2}}}),
+                       "mul: dtypes differ: bf16[2] vs f32[2] (partir never promotes implicitly: convert() one operand)",
+                       UserError);
   // E04 reshape to a different element count
   CHECK_THROWS_WITH_AS(trace2([](Tensor a, Tensor) { return reshape(a, {5, 5}); }),
                        "reshape: cannot reshape f32[4,6] to [5,5]: element counts differ", UserError);
@@ -110,7 +114,7 @@ TEST_CASE("catalog: DSL and tracing") {
   // E21 an Array with the wrong number of values
   CHECK_THROWS_WITH_AS(Array({2, 2}, std::vector<float>{1, 2, 3}), "Array: 3 values for shape [2,2]", UserError);
   // E22 an unknown dtype name
-  CHECK_THROWS_WITH_AS(parse_dtype("f16"), "unknown dtype 'f16' (expected f32, f64 or i32)", UserError);
+  CHECK_THROWS_WITH_AS(parse_dtype("fp8"), "unknown dtype 'fp8' (expected f32, f64, i32, bf16 or f16)", UserError);
 }
 
 TEST_CASE("catalog: autodiff") {

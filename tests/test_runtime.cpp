@@ -4,6 +4,9 @@
 
 #include <partir/partir.hpp>
 
+#include <immintrin.h>
+
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -15,8 +18,8 @@ using namespace partir;
 namespace {
 
 using Rng = std::mt19937_64;
-const DType all_dtypes[] = {DType::f32, DType::f64, DType::i32};
-const DType float_dtypes[] = {DType::f32, DType::f64};
+const DType all_dtypes[] = {DType::f32, DType::f64, DType::i32, DType::bf16, DType::f16};
+const DType float_dtypes[] = {DType::f32, DType::f64, DType::bf16, DType::f16};
 
 std::int64_t rand_int(Rng& rng, std::int64_t lo, std::int64_t hi) {
   return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
@@ -65,7 +68,18 @@ Array run(OpKind kind, const std::vector<Array>& args, const Attrs& attrs = {}) 
   return interpret(p, inputs).at("y");
 }
 
-double tolerance(DType t) { return t == DType::f32 ? 1e-4 : t == DType::f64 ? 1e-10 : 0; }
+// 16-bit results are computed in f32 and rounded once, the reference in f64 and rounded once: they may differ
+// by one unit in the last place, 2^-7 relative for bf16 (8 significant bits), 2^-10 for f16 (11).
+double tolerance(DType t) {
+  switch (t) {
+    case DType::f32: return 1e-4;
+    case DType::f64: return 1e-10;
+    case DType::bf16: return 0x1p-7;
+    case DType::f16: return 0x1p-10;
+    case DType::i32: return 0;
+  }
+  return 0;
+}
 
 void check_close(const Array& got, const Array& want, const std::string& what) {
   INFO(what);
@@ -197,6 +211,66 @@ TEST_CASE("runtime: convert between every pair of dtypes, truncating toward zero
       });
       check_close(run(OpKind::convert, {x}, attrs), want, to_string(t) + " -> " + std::string(name_of(to)));
     }
+}
+
+namespace {
+__attribute__((target("f16c"))) std::uint16_t hardware_f16(float x) { return _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT); }
+__attribute__((target("f16c"))) float hardware_f32(std::uint16_t h) { return _cvtsh_ss(h); }
+
+// bf16 by definition: of the two bf16 values around a finite x, the nearer; at a tie, the even one.
+std::uint16_t reference_bf16(float x) {
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
+  const std::uint16_t lo = static_cast<std::uint16_t>(u >> 16), hi = static_cast<std::uint16_t>(lo + 1);
+  auto value = [](std::uint16_t b) {  // infinity stands where 2^128 would be
+    return (b & 0x7fff) == 0x7f80 ? std::copysign(0x1p128, static_cast<double>(static_cast<float>(bf16::from_bits(b))))
+                                  : static_cast<double>(static_cast<float>(bf16::from_bits(b)));
+  };
+  const double dlo = std::abs(value(lo) - x), dhi = std::abs(value(hi) - x);
+  return dlo < dhi || (dlo == dhi && lo % 2 == 0) ? lo : hi;
+}
+}  // namespace
+
+TEST_CASE("runtime: 16-bit conversions round to nearest even, overflow to inf, keep NaN and subnormals") {
+  // f16 against the CPU's own F16C conversions: every f16 value back to f32, and a sweep of f32 bit
+  // patterns (every sign, exponent and rounding case) to f16.
+  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+    const float got = static_cast<float>(f16::from_bits(static_cast<std::uint16_t>(h))), want = hardware_f32(static_cast<std::uint16_t>(h));
+    if (std::isnan(want)) REQUIRE(std::isnan(got));
+    else REQUIRE(std::bit_cast<std::uint32_t>(got) == std::bit_cast<std::uint32_t>(want));
+  }
+  long f16_wrong = 0, bf16_wrong = 0;
+  for (std::uint64_t u = 0; u <= 0xffffffffu; u += 4093) {
+    const float x = std::bit_cast<float>(static_cast<std::uint32_t>(u));
+    const std::uint16_t h = f16(x).bits, b = bf16(x).bits;
+    if (std::isnan(x)) {
+      f16_wrong += !std::isnan(static_cast<float>(f16::from_bits(h)));
+      bf16_wrong += !std::isnan(static_cast<float>(bf16::from_bits(b))) || (b >> 15) != (u >> 31);
+      continue;
+    }
+    f16_wrong += h != hardware_f16(x);
+    bf16_wrong += b != (std::isinf(x) ? static_cast<std::uint16_t>(u >> 16) : reference_bf16(x));
+  }
+  CHECK(f16_wrong == 0);
+  CHECK(bf16_wrong == 0);
+  // The cases by name.
+  CHECK(bf16(1.0f + 0x1p-8f).bits == bf16(1.0f).bits);                 // a tie goes to the even neighbour...
+  CHECK(bf16(1.0f + 3 * 0x1p-8f) == bf16(1.0f + 0x1p-6f));             // ...upwards too
+  CHECK(bf16(std::numeric_limits<float>::max()).bits == 0x7f80);       // rounds past bf16's largest: inf
+  CHECK(bf16(-0.0f).bits == 0x8000);
+  CHECK(bf16(0x1p-133f).bits == 0x0001);                                 // bf16's smallest subnormal
+  CHECK(f16(65520.0f).bits == 0x7c00);                                   // halfway past 65504: inf
+  CHECK(f16(65519.0f).bits == 0x7bff);
+  CHECK(f16(0x1p-24f).bits == 0x0001);                                   // f16's smallest subnormal
+  CHECK(f16(0x1p-25f).bits == 0x0000);                                   // a tie with zero: even
+  CHECK(std::isnan(static_cast<float>(f16(std::numeric_limits<float>::quiet_NaN()))));
+  // From f64 the rounding is one rounding, not f64 -> f32 -> 16 bits (which would see a tie here).
+  Attrs to_bf16;
+  to_bf16.dtype = DType::bf16;
+  const Array x({3}, std::vector<double>{1 + 0x1p-8 + 0x1p-40, 1 + 0x1p-8, -(1 + 0x1p-8 + 0x1p-40)});
+  const Array y = run(OpKind::convert, {x}, to_bf16);
+  CHECK(y.at(0) == 1 + 0x1p-7);
+  CHECK(y.at(1) == 1);
+  CHECK(y.at(2) == -(1 + 0x1p-7));
 }
 
 TEST_CASE("runtime: constant splats one value or takes one per element") {
@@ -378,17 +452,19 @@ TEST_CASE("runtime: reduce_sum and reduce_max over any subset of dims") {
           for (std::int64_t d = 0; d < rank; ++d)
             if (std::count(attrs.dims.begin(), attrs.dims.end(), d) == 0) kept.push_back(t.shape[d]);
           Array want(TensorType{kept, dt});
-          std::vector<bool> seen(static_cast<std::size_t>(want.size()), false);
+          std::vector<double> acc(static_cast<std::size_t>(want.size()), 0.0);  // exact: 16-bit sums round once
+          std::vector<bool> seen(acc.size(), false);
           for (std::int64_t i = 0; i < x.size(); ++i) {
             const Shape xi = unravel(i, t.shape);
             Shape oi;
             for (std::int64_t d = 0; d < rank; ++d)
               if (std::count(attrs.dims.begin(), attrs.dims.end(), d) == 0) oi.push_back(xi[d]);
             const auto o = ravel(oi, kept);
-            const double acc = want.at(o), v = x.at(i);
-            want.set(o, kind == OpKind::reduce_sum ? acc + v : seen[o] ? std::max(acc, v) : v);
+            const double v = x.at(i);
+            acc[o] = kind == OpKind::reduce_sum ? acc[o] + v : seen[o] ? std::max(acc[o], v) : v;
             seen[o] = true;
           }
+          for (std::int64_t o = 0; o < want.size(); ++o) want.set(o, acc[o]);
           check_close(run(kind, {x}, attrs), want,
                       std::string(name_of(kind)) + " " + to_string(t) + " dims " + to_string(Shape(attrs.dims)));
         }
@@ -876,9 +952,9 @@ TEST_CASE("runtime: every GEMM engine built in agrees with Eigen and the definit
       check_close(eigen, dot_ref(lhs, rhs, c.dims), describe({lhs, rhs}) + "vs definition");
     }
   if (built_in(GemmEngine::onednn)) {
-    // oneDNN took every f32 layout in place (the 13-dim one never reaches it); running them again creates none.
+    // oneDNN took every f32 and bf16 layout in place (the 13-dim one never reaches it); running them again creates none.
     const onednn::CacheStats after = onednn::cache_stats();
-    CHECK(after == onednn::CacheStats{layouts.size() - 1, 0});
+    CHECK(after == onednn::CacheStats{2 * (layouts.size() - 1), 0});  // f32 and bf16 (f16 computes in f32)
     set_gemm_engine(GemmEngine::onednn);
     for (const auto& c : layouts) run_dot(random_array(rng, {c.lhs, DType::f32}), random_array(rng, {c.rhs, DType::f32}), c.dims);
     CHECK(onednn::cache_stats() == after);

@@ -203,8 +203,8 @@ TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
   CHECK(HardwareProfile::named("h200-nvlink").memory_capacity == std::int64_t{141} << 30);
   CHECK_THROWS_WITH_AS(HardwareProfile::builtin("tpu"),
                        "no built-in hardware profile 'tpu' (cpu, a100-nvlink, h100-nvlink, h200-nvlink)", UserError);
-  CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(R"({"name": "x", "peak_flops": {"f16": 1}})")),
-                       "unknown dtype 'f16' (expected f32, f64 or i32)", UserError);
+  CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(R"({"name": "x", "peak_flops": {"fp8": 1}})")),
+                       "unknown dtype 'fp8' (expected f32, f64, i32, bf16 or f16)", UserError);
   CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(R"({"name": "x", "peak_flops": {}})")),
                        "json: object has no member 'memory_bandwidth'", UserError);
   CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(

@@ -2,6 +2,8 @@
 // train_step: a whole training step (forward, backward, optimizer update) as ONE program, so that
 // partitioning sees parameters, gradients and optimizer state together and ties each new value to the
 // input it replaces in the next step.
+#include <optional>
+
 #include "partir/autodiff/grad.hpp"
 #include "partir/autodiff/optimizer.hpp"
 #include "partir/dsl/trace.hpp"
@@ -11,22 +13,27 @@ namespace partir {
 // Traces loss_fn on the data inputs (N Tensors or a std::vector<Tensor>, as trace() calls it; parameters are
 // declared inside with param() or nn blocks), differentiates the loss w.r.t. every parameter and applies
 // opt. Outputs: "loss"; then each parameter under its own name, updating it; then the optimizer state,
-// each under (and updating) its input's name.
+// each under (and updating) its input's name. With a precision policy (precision.hpp) the model is traced
+// under it: parameters and optimizer state in `params` dtype, the model in `compute`, the loss in `output`.
+namespace detail {
 template <class LossFn, Optimizer Opt>
-Program train_step(LossFn loss_fn, const Opt& opt, const std::vector<InputSpec>& data,
-                   const std::string& name = "train_step") {
+Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>& data,
+                   const MixedPrecision* precision, const std::string& name) {
   Program p(name);
+  const std::string who = "train_step '" + name + "'";
+  if (precision) precision->check(who);
   ValueId loss;
   {
     TraceScope scope(p);
+    std::optional<PrecisionScope> policy;
+    if (precision) policy.emplace(*precision);
     std::vector<Tensor> xs;
-    for (const auto& in : data) xs.emplace_back(p, p.add_input(in.name, {in.shape, in.dtype}));
+    for (const auto& in : data) xs.push_back(detail::to_compute(p, p.add_input(in.name, {in.shape, in.dtype})));
     auto result = detail::call_traced(loss_fn, xs);
     static_assert(std::is_same_v<decltype(result), Tensor>, "train_step: the loss function must return a Tensor");
-    loss = result.id();
+    detail::check_loss_type(who, "the loss", p.type(result.id()));
+    loss = (precision ? convert(result, precision->output) : result).id();
   }
-  const std::string who = "train_step '" + name + "'";
-  detail::check_loss_type(who, "the loss", p.type(loss));
   std::vector<ValueId> params;
   for (auto v : p.inputs())
     if (p.op(v).attrs.input_kind == InputKind::parameter) params.push_back(v);
@@ -44,6 +51,18 @@ Program train_step(LossFn loss_fn, const Opt& opt, const std::vector<InputSpec>&
     for (const auto& s : u.state) p.add_output(s.name, s.value, s.updates);
   verify(p);
   return p;
+}
+}  // namespace detail
+
+template <class LossFn, Optimizer Opt>
+Program train_step(LossFn loss_fn, const Opt& opt, const std::vector<InputSpec>& data,
+                   const std::string& name = "train_step") {
+  return detail::train_step(loss_fn, opt, data, nullptr, name);
+}
+template <class LossFn, Optimizer Opt>
+Program train_step(LossFn loss_fn, const Opt& opt, const std::vector<InputSpec>& data, const MixedPrecision& precision,
+                   const std::string& name = "train_step") {
+  return detail::train_step(loss_fn, opt, data, &precision, name);
 }
 
 }  // namespace partir

@@ -1,5 +1,8 @@
 #pragma once
 // Composite functions built from the primitives (so autodiff, sharding rules and kernels need nothing new).
+// The f32 list: softmax, log_softmax, layer_norm's statistics, cross_entropy and mse compute in f32 when
+// given 16-bit values (exp, sums and variances lose too much in 8 or 11 mantissa bits; PyTorch autocast's
+// list), and return to the input's dtype, except losses, which stay f32.
 #include <cmath>
 #include <numbers>
 
@@ -15,21 +18,29 @@ inline Tensor gelu(const Tensor& x) {
   return 0.5 * x * (1.0 + tanh(c * (x + 0.044715 * x * x * x)));
 }
 
+namespace detail {
+// x in f32 if it is a 16-bit float (the f32 list's inputs), else x.
+inline Tensor f32_if_half(const Tensor& x) { return is_half(x.dtype()) ? convert(x, DType::f32) : x; }
+}  // namespace detail
+
 // Along `axis`; subtracting the max keeps exp from overflowing and does not change the result.
 inline Tensor log_softmax(const Tensor& x, std::int64_t axis = -1) {
-  Tensor shifted = x - max(x, {axis}, true);
-  return shifted - log(sum(exp(shifted), {axis}, true));
+  const Tensor x32 = detail::f32_if_half(x);
+  Tensor shifted = x32 - max(x32, {axis}, true);
+  return convert(shifted - log(sum(exp(shifted), {axis}, true)), x.dtype());
 }
 inline Tensor softmax(const Tensor& x, std::int64_t axis = -1) {
-  Tensor e = exp(x - max(x, {axis}, true));
-  return e / sum(e, {axis}, true);
+  const Tensor x32 = detail::f32_if_half(x);
+  Tensor e = exp(x32 - max(x32, {axis}, true));
+  return convert(e / sum(e, {axis}, true), x.dtype());
 }
 
 // Normalizes over the last dim, then scales and shifts by gamma and beta ([features] each).
 inline Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps = 1e-5) {
-  Tensor centered = x - mean(x, {-1}, true);
+  const Tensor x32 = detail::f32_if_half(x);
+  Tensor centered = x32 - mean(x32, {-1}, true);
   Tensor var = mean(centered * centered, {-1}, true);
-  return centered * rsqrt(var + eps) * gamma + beta;
+  return convert(centered * rsqrt(var + eps), x.dtype()) * gamma + beta;
 }
 
 // one_hot(labels [I...] i32, n) -> [I..., n] with 1 at each label.
@@ -50,7 +61,8 @@ inline Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   if (labels.shape() != expect)
     user_error("cross_entropy: labels " + to_string(labels.type()) + " do not match logits " +
                to_string(logits.type()) + " (expected labels shape " + to_string(expect) + ")");
-  return -mean(sum(one_hot(labels, logits.dim(-1), logits.dtype()) * log_softmax(logits), {-1}));
+  const Tensor logits32 = detail::f32_if_half(logits);
+  return -mean(sum(one_hot(labels, logits.dim(-1), logits32.dtype()) * log_softmax(logits32), {-1}));
 }
 
 // Mean squared error.
@@ -58,7 +70,7 @@ inline Tensor mse(const Tensor& prediction, const Tensor& target) {
   if (prediction.shape() != target.shape())
     user_error("mse: prediction " + to_string(prediction.type()) + " and target " + to_string(target.type()) +
                " differ in shape");
-  Tensor d = prediction - target;
+  Tensor d = detail::f32_if_half(prediction) - detail::f32_if_half(target);
   return mean(d * d);
 }
 

@@ -104,7 +104,8 @@ inline Tensor binary(OpKind kind, const Tensor& a, const Tensor& b, Attrs attrs 
   const auto op = name_of(kind);
   Program& p = detail::same_program(a, b, op);
   if (a.dtype() != b.dtype())
-    user_error(std::string(op) + ": dtypes differ: " + to_string(a.type()) + " vs " + to_string(b.type()));
+    user_error(std::string(op) + ": dtypes differ: " + to_string(a.type()) + " vs " + to_string(b.type()) +
+               " (partir never promotes implicitly: convert() one operand)");
   Shape s = broadcast_shapes(a.shape(), b.shape(), op);
   return detail::emit(p, kind, {broadcast_to(a, s).id(), broadcast_to(b, s).id()}, std::move(attrs));
 }

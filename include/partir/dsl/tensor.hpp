@@ -3,6 +3,7 @@
 // functions on Tensors; each call appends an op to the program (the model never names a device or a layout).
 #include <string>
 
+#include "partir/dsl/precision.hpp"
 #include "partir/ir/program.hpp"
 
 namespace partir {
@@ -52,23 +53,39 @@ class TraceScope {
   Program* previous_;
 };
 
-// A data input of the traced program.
+namespace detail {
+// v cast to the active precision policy's compute dtype (v itself without a policy, or if v is not a float).
+inline Tensor to_compute(Program& p, ValueId v) {
+  const MixedPrecision* policy = PrecisionScope::active();
+  if (!policy || !is_float(p.type(v).dtype) || p.type(v).dtype == policy->compute) return {p, v};
+  Attrs a;
+  a.dtype = policy->compute;
+  return {p, p.add(OpKind::convert, {v}, std::move(a))};
+}
+}  // namespace detail
+
+// A data input of the traced program (a float one cast to the precision policy's compute dtype).
 inline Tensor input(const std::string& name, Shape shape, DType dtype = DType::f32) {
   Program& p = TraceScope::current("input '" + name + "'");
-  return {p, p.add_input(name, {std::move(shape), dtype}, InputKind::data)};
+  return detail::to_compute(p, p.add_input(name, {std::move(shape), dtype}, InputKind::data));
 }
 
 // A parameter: declared on first use, shared by later uses of the same name (which must agree on the type).
+// Under a precision policy a float parameter is declared in its `params` dtype whatever `dtype` says, and
+// each use is a cast to its `compute` dtype.
 inline Tensor param(const std::string& name, Shape shape, Init init, DType dtype = DType::f32,
                     InputKind kind = InputKind::parameter) {
   Program& p = TraceScope::current("param '" + name + "'");
-  TensorType t{std::move(shape), dtype};
+  const MixedPrecision* policy = PrecisionScope::active();
+  const bool cast = policy && kind == InputKind::parameter && is_float(dtype);
+  TensorType t{std::move(shape), cast ? policy->params : dtype};
   if (auto v = p.find_input(name)) {
     if (p.type(*v) != t)
       user_error("param '" + name + "': declared as " + to_string(p.type(*v)) + ", used again as " + to_string(t));
-    return {p, *v};
+    return cast ? detail::to_compute(p, *v) : Tensor{p, *v};
   }
-  return {p, p.add_input(name, std::move(t), kind, init)};
+  const ValueId v = p.add_input(name, std::move(t), kind, init);
+  return cast ? detail::to_compute(p, v) : Tensor{p, v};
 }
 
 inline Init normal_init(double stddev) { return {Init::Kind::normal, stddev}; }

@@ -117,7 +117,7 @@ inline Array row_sharded(const SpmdOp& s, std::span<const Array* const> in, std:
       if (r < 0 || r >= table_rows) continue;
       for (std::int64_t e = 0; e < row_elems; ++e) {
         if (is_gather) dst[i * row_elems + e] = src[r * row_elems + e];
-        else dst[r * row_elems + e] += src[i * row_elems + e];
+        else dst[r * row_elems + e] = plus(dst[r * row_elems + e], src[i * row_elems + e]);
       }
     }
   });

@@ -34,8 +34,35 @@ inline MPI_Datatype datatype(DType t) {
     case DType::f32: return MPI_FLOAT;
     case DType::f64: return MPI_DOUBLE;
     case DType::i32: return MPI_INT32_T;
+    case DType::bf16: case DType::f16: return MPI_UINT16_T;  // moved as words, summed by half_sum
   }
   return MPI_DATATYPE_NULL;
+}
+
+// MPI has no 16-bit float types: their sums are user ops on 16-bit words, adding in f32 and rounding each
+// partial sum once, as the threads backend and NCCL do.
+template <class H>
+void half_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const H* a = static_cast<const H*>(in);
+  H* b = static_cast<H*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = plus(a[i], b[i]);
+}
+
+inline MPI_Op sum_op(DType t) {
+  auto create = [](MPI_User_function* f) {
+    MPI_Op op;
+    check(MPI_Op_create(f, /*commute=*/1, &op), "MPI_Op_create");
+    return op;  // never freed: ops live until MPI_Finalize
+  };
+  if (t == DType::bf16) {
+    static const MPI_Op bf16_sum = create(&half_sum<bf16>);
+    return bf16_sum;
+  }
+  if (t == DType::f16) {
+    static const MPI_Op f16_sum = create(&half_sum<f16>);
+    return f16_sum;
+  }
+  return MPI_SUM;
 }
 
 inline int count(std::int64_t n) {
@@ -113,7 +140,7 @@ class Communicator {
   int num_devices() const { return devices_; }
 
   void all_reduce(const Group& g, void* data, std::int64_t n, DType t) {
-    check(MPI_Allreduce(MPI_IN_PLACE, data, count(n), datatype(t), MPI_SUM, comm(g)), "MPI_Allreduce");
+    check(MPI_Allreduce(MPI_IN_PLACE, data, count(n), datatype(t), sum_op(t), comm(g)), "MPI_Allreduce");
   }
   void all_gather(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
     check(MPI_Allgather(in, count(n), datatype(t), out, count(n), datatype(t), comm(g)), "MPI_Allgather");
@@ -125,9 +152,11 @@ class Communicator {
         case DType::f64: return ring_reduce_scatter(g, static_cast<const double*>(in), static_cast<double*>(out), n, t);
         case DType::i32:
           return ring_reduce_scatter(g, static_cast<const std::int32_t*>(in), static_cast<std::int32_t*>(out), n, t);
+        case DType::bf16: return ring_reduce_scatter(g, static_cast<const bf16*>(in), static_cast<bf16*>(out), n, t);
+        case DType::f16: return ring_reduce_scatter(g, static_cast<const f16*>(in), static_cast<f16*>(out), n, t);
       }
     }
-    check(MPI_Reduce_scatter_block(in, out, count(n), datatype(t), MPI_SUM, comm(g)), "MPI_Reduce_scatter_block");
+    check(MPI_Reduce_scatter_block(in, out, count(n), datatype(t), sum_op(t), comm(g)), "MPI_Reduce_scatter_block");
   }
   void all_to_all(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
     check(MPI_Alltoall(in, count(n), datatype(t), out, count(n), datatype(t), comm(g)), "MPI_Alltoall");
@@ -167,7 +196,7 @@ class Communicator {
         check(MPI_Sendrecv(sending + at, count(len), type, next, 0, ring_scratch_.data(), count(len), type, prev, 0, c,
                            MPI_STATUS_IGNORE),
               "MPI_Sendrecv (ring reduce_scatter)");
-        for (std::int64_t i = 0; i < len; ++i) out[at + i] = own[at + i] + received[i];
+        for (std::int64_t i = 0; i < len; ++i) out[at + i] = plus(own[at + i], received[i]);
       }
     }
   }

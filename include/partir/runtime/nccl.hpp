@@ -40,6 +40,8 @@ inline ncclDataType_t datatype(DType t) {
     case DType::f32: return ncclFloat32;
     case DType::f64: return ncclFloat64;
     case DType::i32: return ncclInt32;
+    case DType::bf16: return ncclBfloat16;
+    case DType::f16: return ncclFloat16;
   }
   internal_error("nccl backend: unknown dtype");
 }

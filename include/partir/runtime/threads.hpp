@@ -155,16 +155,26 @@ class Communicator {
       auto block = [&](std::size_t member) {
         return reinterpret_cast<const T*>(static_cast<const std::byte*>(ins[member]) + offset);
       };
-      std::memcpy(o, block(0), static_cast<std::size_t>(n) * sizeof(T));
-      for (std::size_t m = 1; m < ins.size(); ++m) {
-        const T* b = block(m);
-        for (std::int64_t i = 0; i < n; ++i) o[i] += b[i];
+      if constexpr (is_half_type<T>) {  // summed in f32, rounded once
+        for (std::int64_t i = 0; i < n; ++i) {
+          float sum = static_cast<float>(block(0)[i]);
+          for (std::size_t m = 1; m < ins.size(); ++m) sum += static_cast<float>(block(m)[i]);
+          o[i] = T(sum);
+        }
+      } else {
+        std::memcpy(o, block(0), static_cast<std::size_t>(n) * sizeof(T));
+        for (std::size_t m = 1; m < ins.size(); ++m) {
+          const T* b = block(m);
+          for (std::int64_t i = 0; i < n; ++i) o[i] += b[i];
+        }
       }
     };
     switch (t) {
       case DType::f32: run(0.f); break;
       case DType::f64: run(0.0); break;
       case DType::i32: run(std::int32_t{0}); break;
+      case DType::bf16: run(bf16{}); break;
+      case DType::f16: run(f16{}); break;
     }
   }
 

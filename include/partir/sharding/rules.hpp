@@ -183,8 +183,12 @@ inline OpRule rule_for(const Op& op, std::span<const TensorType> in) {
       case OpKind::add:
       case OpKind::sub: b.linear(PartialRule::sum, {true, true}); break;
       case OpKind::neg: b.linear(PartialRule::sum, {true}); break;
-      case OpKind::convert:  // rounding to integers is not linear
-        if (is_float(in[0].dtype) && is_float(op.type.dtype)) b.linear(PartialRule::sum, {true});
+      // Rounding to integers is not linear. Partial sums cross a float convert that does not widen, so that
+      // they are reduced in the narrower dtype: a bf16 gradient widened for an f32 update is all-reduced in
+      // bf16 (half the bytes), an f32 value narrowed to bf16 is reduced after narrowing.
+      case OpKind::convert:
+        if (is_float(in[0].dtype) && is_float(op.type.dtype) && size_of(op.type.dtype) <= size_of(in[0].dtype))
+          b.linear(PartialRule::sum, {true});
         break;
       case OpKind::mul: b.linear(PartialRule::product, {true, true}); break;
       case OpKind::div: b.linear(PartialRule::product, {true, false}); break;

@@ -194,10 +194,18 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
               std::string(name_of(gemm_engine())) + " GEMMs";
   cal::measure_gemms(comm, DType::f32, o, hw);
   cal::measure_gemms(comm, DType::f64, o, hw);
+  cal::measure_gemms(comm, DType::bf16, o, hw);
+  cal::measure_gemms(comm, DType::f16, o, hw);
   hw.peak_flops[DType::i32] = hw.peak_flops[DType::f32];  // i32 ops are elementwise: memory bound anyway
   hw.elementwise_flops[DType::f32] = cal::elementwise_flops_per_second(comm, DType::f32, o);
   hw.elementwise_flops[DType::f64] = cal::elementwise_flops_per_second(comm, DType::f64, o);
   hw.elementwise_flops[DType::i32] = hw.elementwise_flops[DType::f32];
+  // 16-bit elementwise ops run unfused, widened to f32 and rounded back: one op's rate, in cache.
+  for (DType t : {DType::bf16, DType::f16}) {
+    const TensorType x{{std::int64_t{1} << 15}, t};
+    hw.elementwise_flops[t] = static_cast<double>(x.elements()) /
+                              cal::op_seconds(comm, Op{OpKind::mul, {0, 1}, {}, x, ""}, {x, x}, o, o.iterations * 10);
+  }
   // 16 MiB per tensor, MLP-sized: bigger than the caches, small enough for the allocator to reuse.
   const TensorType flat{{std::int64_t{1} << 22}}, wide{{1024, 4096}}, tall{{4096, 1024}}, scalar{{}};
   for (std::int64_t elements = std::int64_t{1} << 18; elements <= flat.elements(); elements *= 2) {

@@ -205,30 +205,36 @@ struct HardwareProfile {
   static HardwareProfile cpu() {
     return {.name = "cpu",
             .source = "DESIGN.md environment facts (2-core x86 VM, Eigen, Open MPI shared memory)",
-            .peak_flops = {{DType::f32, 80e9}, {DType::f64, 40e9}, {DType::i32, 20e9}},
+            .peak_flops = {{DType::f32, 80e9}, {DType::f64, 40e9}, {DType::i32, 20e9}, {DType::bf16, 160e9},
+                           {DType::f16, 80e9}},
             .gemm_curve = {{16, 0.4}, {64, 0.73}, {256, 0.88}, {1024, 1}},
-            .elementwise_flops = {{DType::f32, 9e9}, {DType::f64, 3e9}, {DType::i32, 9e9}},
+            .elementwise_flops = {{DType::f32, 9e9}, {DType::f64, 3e9}, {DType::i32, 9e9}, {DType::bf16, 4e9},
+                                  {DType::f16, 4e9}},
             .memory_bandwidth = 11e9,
             .op_overhead = 2e-6,
             .memory_capacity = std::int64_t{24} << 30,
             .links = {{"*", "*", 0, {2e-6, 1 / 4.8e9}}}};
   }
-  // Public spec sheets (SXM parts; f32 without tensor cores; bandwidth per direction of one GPU's NVLink;
+  // Public spec sheets (SXM parts; f32 without tensor cores, bf16/f16 dense on tensor cores; bandwidth per
+  // direction of one GPU's NVLink;
   // alpha: NCCL's few-microsecond ring step). Real runs reach ~80% of these; calibrate to know.
   static HardwareProfile a100_nvlink() {
     return nvlink_gpu("a100-nvlink",
-                      "NVIDIA A100 SXM4 80GB datasheet: 19.5 TFLOP/s fp32, 9.7 fp64, 2.04 TB/s HBM2e, NVLink3 600 GB/s",
-                      19.5e12, 9.7e12, 2.039e12, 80, 300e9);
+                      "NVIDIA A100 SXM4 80GB datasheet: 19.5 TFLOP/s fp32, 9.7 fp64, 312 bf16/fp16, 2.04 TB/s HBM2e, "
+                      "NVLink3 600 GB/s",
+                      19.5e12, 9.7e12, 312e12, 2.039e12, 80, 300e9);
   }
   static HardwareProfile h100_nvlink() {
     return nvlink_gpu("h100-nvlink",
-                      "NVIDIA H100 SXM5 80GB datasheet: 67 TFLOP/s fp32, 34 fp64, 3.35 TB/s HBM3, NVLink4 900 GB/s",
-                      67e12, 34e12, 3.35e12, 80, 450e9);
+                      "NVIDIA H100 SXM5 80GB datasheet: 67 TFLOP/s fp32, 34 fp64, 989 bf16/fp16, 3.35 TB/s HBM3, "
+                      "NVLink4 900 GB/s",
+                      67e12, 34e12, 989e12, 3.35e12, 80, 450e9);
   }
   static HardwareProfile h200_nvlink() {
     return nvlink_gpu("h200-nvlink",
-                      "NVIDIA H200 SXM 141GB datasheet: 67 TFLOP/s fp32, 34 fp64, 4.8 TB/s HBM3e, NVLink4 900 GB/s",
-                      67e12, 34e12, 4.8e12, 141, 450e9);
+                      "NVIDIA H200 SXM 141GB datasheet: 67 TFLOP/s fp32, 34 fp64, 989 bf16/fp16, 4.8 TB/s HBM3e, "
+                      "NVLink4 900 GB/s",
+                      67e12, 34e12, 989e12, 4.8e12, 141, 450e9);
   }
 
   static std::vector<std::string> builtin_names() { return {"cpu", "a100-nvlink", "h100-nvlink", "h200-nvlink"}; }
@@ -266,11 +272,13 @@ struct HardwareProfile {
     return out;
   }
 
-  static HardwareProfile nvlink_gpu(std::string name, std::string source, double f32, double f64, double hbm,
-                                    std::int64_t gib, double nvlink) {
+  static HardwareProfile nvlink_gpu(std::string name, std::string source, double f32, double f64, double half,
+                                    double hbm, std::int64_t gib, double nvlink) {
     return {.name = std::move(name),
             .source = std::move(source),
-            .peak_flops = {{DType::f32, f32}, {DType::f64, f64}, {DType::i32, f32 / 2}},
+            .peak_flops = {{DType::f32, f32}, {DType::f64, f64}, {DType::i32, f32 / 2}, {DType::bf16, half},
+                           {DType::f16, half}},
+            .elementwise_flops = {{DType::bf16, f32}, {DType::f16, f32}},
             .memory_bandwidth = hbm,
             .op_overhead = 4e-6,  // a kernel launch
             .memory_capacity = gib << 30,

@@ -144,6 +144,11 @@ class Runner {
   Buffer eval(const Op& op, const std::vector<const Buffer*>& in, std::int64_t first_row = 0,
               std::int64_t global_rows = -1) {
     using K = OpKind;
+    for (const Buffer* b : in)
+      if (is_half(b->type.dtype) || is_half(op.type.dtype))
+        user_error(std::string(name_of(op.kind)) + ": the gpu executor has no " +
+                   std::string(name_of(is_half(op.type.dtype) ? op.type.dtype : b->type.dtype)) +
+                   " kernels yet; run 16-bit programs on the CPU backends (threads, mpi)");
     Buffer out = take(op.type);
     const std::int64_t n = op.type.elements();
     const auto& a = op.attrs;

@@ -8,13 +8,15 @@
 #include <vector>
 
 #include "partir/error.hpp"
+#include "partir/ir/half.hpp"
 #include "partir/ir/tensor_type.hpp"
 
 namespace partir {
 
 class Array {
  public:
-  using Storage = std::variant<std::vector<float>, std::vector<double>, std::vector<std::int32_t>>;
+  using Storage = std::variant<std::vector<float>, std::vector<double>, std::vector<std::int32_t>, std::vector<bf16>,
+                               std::vector<f16>>;
 
   Array() : Array(TensorType{{}, DType::f32}) {}
   explicit Array(TensorType type) : type_(std::move(type)) {
@@ -24,6 +26,8 @@ class Array {
       case DType::f32: data_ = std::vector<float>(static_cast<std::size_t>(type_.elements())); break;
       case DType::f64: data_ = std::vector<double>(static_cast<std::size_t>(type_.elements())); break;
       case DType::i32: data_ = std::vector<std::int32_t>(static_cast<std::size_t>(type_.elements())); break;
+      case DType::bf16: data_ = std::vector<bf16>(static_cast<std::size_t>(type_.elements())); break;
+      case DType::f16: data_ = std::vector<f16>(static_cast<std::size_t>(type_.elements())); break;
     }
   }
   template <class T>
@@ -37,6 +41,8 @@ class Array {
   static constexpr DType dtype_of() {
     if constexpr (std::is_same_v<T, float>) return DType::f32;
     else if constexpr (std::is_same_v<T, double>) return DType::f64;
+    else if constexpr (std::is_same_v<T, bf16>) return DType::bf16;
+    else if constexpr (std::is_same_v<T, f16>) return DType::f16;
     else return DType::i32;
   }
 
@@ -53,12 +59,21 @@ class Array {
   const Storage& storage() const { return data_; }
   Storage& storage() { return data_; }
 
-  // Element i (row-major) as double, and set from double: for tests, printing and initialization.
+  // Element i (row-major) as double, and set from double (a 16-bit float rounds from x as an f32): for tests,
+  // printing and initialization.
   double at(std::int64_t i) const {
-    return std::visit([i](const auto& v) { return static_cast<double>(v[static_cast<std::size_t>(i)]); }, data_);
+    return std::visit([i](const auto& v) {
+      using T = typename std::decay_t<decltype(v)>::value_type;
+      if constexpr (is_half_type<T>) return static_cast<double>(static_cast<float>(v[static_cast<std::size_t>(i)]));
+      else return static_cast<double>(v[static_cast<std::size_t>(i)]);
+    }, data_);
   }
   void set(std::int64_t i, double x) {
-    std::visit([i, x](auto& v) { v[static_cast<std::size_t>(i)] = static_cast<typename std::decay_t<decltype(v)>::value_type>(x); }, data_);
+    std::visit([i, x](auto& v) {
+      using T = typename std::decay_t<decltype(v)>::value_type;
+      if constexpr (is_half_type<T>) v[static_cast<std::size_t>(i)] = T(static_cast<float>(x));
+      else v[static_cast<std::size_t>(i)] = static_cast<T>(x);
+    }, data_);
   }
 
   friend bool operator==(const Array&, const Array&) = default;

@@ -2,6 +2,10 @@
 // Single-device CPU kernels: one per op kind, on row-major Arrays, through Eigen/Core maps of their buffers
 // (no Eigen Tensor module: it would add seconds of compile time to every translation unit).
 // Float math is instantiated for f32 and f64 only; ops that move, compare or sum data also take i32.
+// bf16 and f16 are storage types: ops that move data copy their 16-bit words, every other op widens its
+// 16-bit operands to f32, runs the f32 kernel and rounds the result back (eval_in_f32), so elementwise math
+// runs in f32 registers and sums and dots accumulate in f32. A bf16 dot_general is one oneDNN bf16 matmul
+// (f32 accumulation) where the engine allows it.
 // Every layout op (broadcast, transpose, slice, pad, concatenate) is one strided copy, and dot_general is
 // one batched oneDNN matmul or a loop of GEMMs (BLAS or Eigen; see gemm_engine.hpp) on the operands in place
 // wherever their layout allows it.
@@ -16,6 +20,8 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <string>
@@ -46,14 +52,54 @@ template <class T> using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
 template <class T> Eigen::Map<const Vec<T>> vec(const Array& a) { return {ptr<T>(a), a.size()}; }
 template <class T> Eigen::Map<Vec<T>> vec(Array& a) { return {ptr<T>(a), a.size()}; }
 
-// Calls f(T{}) with the element type of t.
+// Calls f(T{}) with the element type of t, for kernels that only move elements (any dtype).
 template <class F> decltype(auto) visit_dtype(DType t, F&& f) {
   switch (t) {
     case DType::f32: return f(float{});
     case DType::f64: return f(double{});
     case DType::i32: return f(std::int32_t{});
+    case DType::bf16: return f(bf16{});
+    case DType::f16: return f(f16{});
   }
   internal_error("unknown dtype");
+}
+
+// As visit_dtype, for kernels that compute: 16-bit dtypes reach them widened to f32 (see eval_in_f32).
+template <class F> decltype(auto) visit_math_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: return f(float{});
+    case DType::f64: return f(double{});
+    case DType::i32: return f(std::int32_t{});
+    case DType::bf16: case DType::f16: break;
+  }
+  internal_error("a " + std::string(name_of(t)) + " operand reached an f32/f64/i32 kernel unwidened");
+}
+
+// 16-bit floats <-> f32. From f64 (and i32, through f64) the value is first rounded to f32 toward zero with
+// the inexact bit kept in the last place ("round to odd"), so that the one rounding to 16 bits is to the
+// nearest even, as a direct conversion would be: f32 has more than 2 bits beyond any 16-bit mantissa.
+template <class H> float widen(H x) { return static_cast<float>(x); }
+template <class H> H narrow(float x) { return H(x); }
+template <class H> H narrow(double x) {
+  float f = static_cast<float>(x);
+  if (std::isnan(x) || std::isinf(x) || static_cast<double>(f) == x) return H(f);
+  if (std::fabs(static_cast<double>(f)) > std::fabs(x)) f = std::nextafter(f, 0.0f);
+  return H(std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) | 1u));
+}
+
+// out[i] = x[i] converted, for any pair of dtypes (convert's kernel). Float to i32 truncates toward zero.
+template <class From, class To>
+void convert_elements(const From* x, To* out, std::int64_t n) {
+  if constexpr (is_half_type<To>) {
+    if constexpr (std::is_same_v<From, float> || is_half_type<From>)
+      for (std::int64_t i = 0; i < n; ++i) out[i] = narrow<To>(static_cast<float>(x[i]));
+    else
+      for (std::int64_t i = 0; i < n; ++i) out[i] = narrow<To>(static_cast<double>(x[i]));
+  } else if constexpr (is_half_type<From>) {
+    for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<To>(widen(x[i]));
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<To>(x[i]);
+  }
 }
 
 // As visit_dtype, for kernels that exist only for floats (GEMM and transcendental math are not built for i32).
@@ -229,7 +275,7 @@ void slice(const Array& x, const Attrs& a, Array& out) {
 
 template <class T>
 void pad(const Array& x, const Attrs& a, Array& out) {
-  vec<T>(out).setZero();
+  std::fill_n(ptr<T>(out), out.size(), T{});
   const Strides os = row_major_strides(out.shape());
   std::int64_t start = 0;
   for (std::size_t d = 0; d < os.size(); ++d) start += a.lo[d] * os[d];
@@ -473,8 +519,9 @@ void batched_gemm(const Shape& batch, const T* lhs, const OperandPlan& l, const 
   });
 }
 
+// Returns false for a 16-bit T that oneDNN does not run here (the caller then computes in f32).
 template <class T>
-void dot_general(const Array& lhs, const Array& rhs, const DotDims& d, Array& out) {
+bool dot_general(const Array& lhs, const Array& rhs, const DotDims& d, Array& out) {
   const DotPlan plan = plan_dot(lhs.shape(), rhs.shape(), d);
   std::vector<T> lhs_scratch, rhs_scratch;
   const T* l = operand_data(lhs, plan.lhs, lhs_scratch);
@@ -486,12 +533,17 @@ void dot_general(const Array& lhs, const Array& rhs, const DotDims& d, Array& ou
   if (gemm_engine() == GemmEngine::onednn && a.rows + a.cols + b.cols >= gemm_min_size &&
       onednn::matmul<T>(batch, {plan.lhs.batch_strides, lrow, a.outer_stride}, {plan.rhs.batch_strides, rrow, b.outer_stride},
                         a.rows, b.cols, a.cols, l, r, ptr<T>(out)))
-    return;
-  constexpr int R = Eigen::RowMajor, C = Eigen::ColMajor;
-  if (lrow && rrow) batched_gemm<T, R, R>(batch, l, plan.lhs, r, plan.rhs, ptr<T>(out));
-  else if (lrow) batched_gemm<T, R, C>(batch, l, plan.lhs, r, plan.rhs, ptr<T>(out));
-  else if (rrow) batched_gemm<T, C, R>(batch, l, plan.lhs, r, plan.rhs, ptr<T>(out));
-  else batched_gemm<T, C, C>(batch, l, plan.lhs, r, plan.rhs, ptr<T>(out));
+    return true;
+  if constexpr (is_half_type<T>) {
+    return false;
+  } else {
+    constexpr int R = Eigen::RowMajor, C = Eigen::ColMajor;
+    if (lrow && rrow) batched_gemm<T, R, R>(batch, l, plan.lhs, r, plan.rhs, ptr<T>(out));
+    else if (lrow) batched_gemm<T, R, C>(batch, l, plan.lhs, r, plan.rhs, ptr<T>(out));
+    else if (rrow) batched_gemm<T, C, R>(batch, l, plan.lhs, r, plan.rhs, ptr<T>(out));
+    else batched_gemm<T, C, C>(batch, l, plan.lhs, r, plan.rhs, ptr<T>(out));
+    return true;
+  }
 }
 
 template <class T>
@@ -598,14 +650,61 @@ inline Array constant(const Op& op) {
   const auto& literal = op.attrs.literal;
   visit_dtype(op.type.dtype, [&](auto t) {
     using T = decltype(t);
-    auto r = vec<T>(out);
-    if (literal.size() == 1) r.setConstant(static_cast<T>(literal[0]));
-    else
-      for (std::int64_t i = 0; i < r.size(); ++i) r[i] = static_cast<T>(literal[static_cast<std::size_t>(i)]);
+    T* r = ptr<T>(out);
+    if (literal.size() == 1) {
+      T value;
+      convert_elements(literal.data(), &value, 1);
+      std::fill_n(r, out.size(), value);
+    } else {
+      convert_elements(literal.data(), r, out.size());
+    }
   });
   return out;
 }
 
+// x's values as f32, in a cached buffer (give it back when done).
+inline Array widened(const Array& x) {
+  Array out = buffer_cache().take({x.shape(), DType::f32});
+  visit_dtype(x.dtype(), [&](auto t) { convert_elements(ptr<decltype(t)>(x), ptr<float>(out), x.size()); });
+  return out;
+}
+
+}  // namespace kernels
+
+template <class Operands>
+Array eval(const Op& op, const Operands& operands);
+
+namespace kernels {
+inline bool moves_data(OpKind kind) {
+  using K = OpKind;
+  return kind == K::broadcast_in_dim || kind == K::reshape || kind == K::transpose || kind == K::slice ||
+         kind == K::pad || kind == K::concatenate || kind == K::gather || kind == K::convert;
+}
+
+// A computing op with 16-bit operands or result: run in f32 on widened copies, rounded back to op's dtype.
+template <class Operands>
+Array eval_in_f32(const Op& op, const Operands& operands) {
+  Op wide = op;
+  if (is_half(wide.type.dtype)) wide.type.dtype = DType::f32;
+  std::vector<Array> copies;
+  copies.reserve(std::size(operands));
+  std::vector<const Array*> args;
+  for (const Array* x : operands) {
+    if (!is_half(x->dtype())) {
+      args.push_back(x);
+      continue;
+    }
+    copies.push_back(widened(*x));
+    args.push_back(&copies.back());
+  }
+  Array result = eval(wide, args);
+  for (auto& c : copies) buffer_cache().give(std::move(c));
+  if (result.dtype() == op.type.dtype) return result;
+  Array out = buffer_cache().take(op.type);
+  visit_dtype(op.type.dtype, [&](auto t) { convert_elements(ptr<float>(result), ptr<decltype(t)>(out), out.size()); });
+  buffer_cache().give(std::move(result));
+  return out;
+}
 }  // namespace kernels
 
 // Computes one op from its operand values (`operands`: a vector, span or array of const Array*). Inputs
@@ -618,10 +717,19 @@ Array eval(const Op& op, const Operands& operands) {
   namespace k = kernels;
   if (op.kind == K::input) internal_error("eval: input '" + op.name + "' has no kernel; the caller binds inputs");
   if (op.kind == K::constant) return k::constant(op);
-  Array out = k::buffer_cache().take(op.type);  // contents unspecified: every kernel writes all of it
   const Array& x = *operands[0];
   const auto& a = op.attrs;
-  auto each_type = [&](auto&& f) { k::visit_dtype(x.dtype(), f); };
+  if ((is_half(op.type.dtype) || is_half(x.dtype())) && !k::moves_data(op.kind)) {
+    if (op.kind == K::dot_general && op.type.dtype == DType::bf16) {
+      Array out = k::buffer_cache().take(op.type);
+      if (k::dot_general<bf16>(x, *operands[1], a.dot, out)) return out;
+      k::buffer_cache().give(std::move(out));
+    }
+    return k::eval_in_f32(op, operands);
+  }
+  Array out = k::buffer_cache().take(op.type);  // contents unspecified: every kernel writes all of it
+  auto each_type = [&](auto&& f) { k::visit_math_dtype(x.dtype(), f); };
+  auto each_stored_type = [&](auto&& f) { k::visit_dtype(x.dtype(), f); };
   switch (op.kind) {
     case K::neg: case K::exp: case K::log: case K::tanh: case K::rsqrt: case K::sqrt: case K::abs:
       k::visit_float_dtype(x.dtype(), op.kind, [&](auto t) { k::unary<decltype(t)>(op.kind, x, out); });
@@ -634,7 +742,7 @@ Array eval(const Op& op, const Operands& operands) {
       each_type([&](auto t) { k::compare<decltype(t)>(a.cmp, x, *operands[1], out); });
       break;
     case K::select:
-      k::visit_dtype(out.dtype(), [&](auto t) {
+      k::visit_math_dtype(out.dtype(), [&](auto t) {
         using T = decltype(t);
         each_type([&](auto m) {
           using M = decltype(m);
@@ -643,9 +751,14 @@ Array eval(const Op& op, const Operands& operands) {
       });
       break;
     case K::convert:
-      each_type([&](auto from) {
+      each_stored_type([&](auto from) {
         k::visit_dtype(out.dtype(), [&](auto to) {
-          k::vec<decltype(to)>(out) = k::vec<decltype(from)>(x).template cast<decltype(to)>();
+          using From = decltype(from);
+          using To = decltype(to);
+          if constexpr (is_half_type<From> || is_half_type<To>)
+            k::convert_elements(k::ptr<From>(x), k::ptr<To>(out), x.size());
+          else
+            k::vec<To>(out) = k::vec<From>(x).template cast<To>();
         });
       });
       break;
@@ -660,28 +773,28 @@ Array eval(const Op& op, const Operands& operands) {
       each_type([&](auto t) { k::reduce<decltype(t), true>(x, a.dims, out); });
       break;
     case K::broadcast_in_dim:
-      each_type([&](auto t) { k::broadcast_in_dim<decltype(t)>(x, a, out); });
+      each_stored_type([&](auto t) { k::broadcast_in_dim<decltype(t)>(x, a, out); });
       break;
     case K::reshape:  // row-major: the same elements in the same order
       out.storage() = x.storage();
       break;
     case K::transpose:
-      each_type([&](auto t) { k::transpose<decltype(t)>(x, a, out); });
+      each_stored_type([&](auto t) { k::transpose<decltype(t)>(x, a, out); });
       break;
     case K::slice:
-      each_type([&](auto t) { k::slice<decltype(t)>(x, a, out); });
+      each_stored_type([&](auto t) { k::slice<decltype(t)>(x, a, out); });
       break;
     case K::pad:
-      each_type([&](auto t) { k::pad<decltype(t)>(x, a, out); });
+      each_stored_type([&](auto t) { k::pad<decltype(t)>(x, a, out); });
       break;
     case K::concatenate:
-      each_type([&](auto t) { k::concatenate<decltype(t)>(operands, a.axis, out); });
+      each_stored_type([&](auto t) { k::concatenate<decltype(t)>(operands, a.axis, out); });
       break;
     case K::gather:
-      each_type([&](auto t) { k::gather<decltype(t)>(x, *operands[1], out); });
+      each_stored_type([&](auto t) { k::gather<decltype(t)>(x, *operands[1], out); });
       break;
     case K::scatter_add:
-      k::visit_dtype(out.dtype(), [&](auto t) { k::scatter_add<decltype(t)>(x, *operands[1], out); });
+      k::visit_math_dtype(out.dtype(), [&](auto t) { k::scatter_add<decltype(t)>(x, *operands[1], out); });
       break;
     case K::input: case K::constant: case K::count_:
       internal_error("eval: unexpected op kind");

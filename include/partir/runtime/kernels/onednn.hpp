@@ -14,6 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "partir/ir/half.hpp"
 #include "partir/runtime/kernels/kernel_threads.hpp"
 
 #ifdef PARTIR_USE_ONEDNN
@@ -40,12 +41,15 @@ struct CacheStats {
 
 #ifdef PARTIR_USE_ONEDNN
 
-// The element types oneDNN's matmul takes (f64 has no CPU matmul): adding a dtype is one entry.
+// The element types oneDNN's matmul takes (f64 has no CPU matmul): adding a dtype is one entry. bf16
+// matmuls accumulate in f32 (AVX512-BF16 here). f16 stays out: only AVX512-FP16 CPUs run it natively.
 template <class T> struct DataType { static constexpr bool supported = false; };
-template <> struct DataType<float> {
+template <dnnl::memory::data_type t> struct Supported {
   static constexpr bool supported = true;
-  static constexpr auto value = dnnl::memory::data_type::f32;
+  static constexpr auto value = t;
 };
+template <> struct DataType<float> : Supported<dnnl::memory::data_type::f32> {};
+template <> struct DataType<bf16> : Supported<dnnl::memory::data_type::bf16> {};
 
 namespace detail {
 
