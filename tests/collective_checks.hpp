@@ -78,6 +78,42 @@ long check_all(C& c) {
     wrong += i32_out[i] != i32_expect;
   }
 
+  // 16-bit floats: sums in f32, rounded once; these values and their sums are exact in bf16 and f16.
+  auto small = [](int device, std::int64_t i) { return 0.5f * static_cast<float>(device + 1) + 0.25f * static_cast<float>(i % 7); };
+  for (DType t : {DType::bf16, DType::f16}) {
+    auto check_half = [&](auto zero) {
+      using H = decltype(zero);
+      std::vector<H> blocks(static_cast<std::size_t>(4 * n)), out(static_cast<std::size_t>(n)), gathered(blocks.size());
+      for (std::int64_t i = 0; i < 4 * n; ++i) blocks[i] = H(small(me, i));
+      c.reduce_scatter(all, blocks.data(), out.data(), n, t);
+      for (std::int64_t i = 0; i < n; ++i) {
+        float expect = 0;
+        for (int d = 0; d < 4; ++d) expect += small(d, me * n + i);
+        wrong += static_cast<float>(out[i]) != expect;
+      }
+      c.all_reduce(all, blocks.data(), n, t);
+      for (std::int64_t i = 0; i < n; ++i) {
+        float expect = 0;
+        for (int d = 0; d < 4; ++d) expect += small(d, i);
+        wrong += static_cast<float>(blocks[i]) != expect;
+      }
+      const Group pair = groups[0];  // the mpi backend's ring reduce_scatter runs for pairs
+      for (std::int64_t i = 0; i < 2 * n; ++i) blocks[i] = H(small(me, i));
+      c.reduce_scatter(pair, blocks.data(), out.data(), n, t);
+      for (std::int64_t i = 0; i < n; ++i) {
+        float expect = 0;
+        for (int d : pair.devices) expect += small(d, pair.index_of(me) * n + i);
+        wrong += static_cast<float>(out[i]) != expect;
+      }
+      for (std::int64_t i = 0; i < n; ++i) out[i] = H(small(me, i));
+      c.all_gather(all, out.data(), gathered.data(), n, t);
+      for (int d = 0; d < 4; ++d)
+        for (std::int64_t i = 0; i < n; ++i) wrong += static_cast<float>(gathered[d * n + i]) != small(d, i);
+    };
+    if (t == DType::bf16) check_half(partir::bf16{});
+    else check_half(partir::f16{});
+  }
+
   std::vector<double> d64 = {1.5 * me};
   c.all_reduce(Group{{0, 1, 2, 3}}, d64.data(), 1, DType::f64);
   wrong += d64[0] != 1.5 * 6;

@@ -34,6 +34,13 @@ Program train(const nn::GptConfig& c, double adam_eps = 1e-8) {
                     data_specs(c));
 }
 
+// The same step under a mixed-precision policy (the model code unchanged).
+Program train_mixed(const nn::GptConfig& c, DType compute, double adam_eps = 1e-8) {
+  const nn::Gpt model{c};
+  return train_step([&](Tensor t, Tensor y) { return model.loss(t, y); }, Adam{1e-2, 0.9, 0.999, adam_eps},
+                    data_specs(c), MixedPrecision::with_compute(compute));
+}
+
 // The loss alone: what the train step computes before its backward pass.
 Program forward(const nn::GptConfig& c) {
   const nn::Gpt model{c};
@@ -412,4 +419,115 @@ TEST_CASE("differential: GPT train steps under compositions equal the single-dev
     const Error error = max_error(step, spmd, c.vocab, ++seed);
     CHECK_MESSAGE(error.value < 1e-4, error.where);
   }
+}
+
+// ---- mixed precision ----
+
+TEST_CASE("precision: under bf16 the master weights and Adam's state stay f32, the model computes in bf16") {
+  const nn::GptConfig c = small(2);
+  const Program f32 = train(c), step = train_mixed(c, DType::bf16);
+  CHECK(parameters(step).size() == parameters(f32).size());
+  for (auto v : step.inputs()) CHECK(step.type(v) == f32.type(*f32.find_input(step.op(v).name)));  // same inputs
+  for (const auto& o : step.outputs()) CHECK(step.type(o.value).dtype == DType::f32);
+  int dots = 0;
+  for (ValueId v = 0; v < step.size(); ++v) {
+    const Op& op = step.op(v);
+    if (op.kind == OpKind::dot_general) {
+      ++dots;
+      CHECK(op.type.dtype == DType::bf16);
+    }
+    // The f32 list: softmax's exp and log_softmax's log run in f32.
+    if (op.kind == OpKind::exp || op.kind == OpKind::log) CHECK(op.type.dtype == DType::f32);
+  }
+  CHECK(dots > 0);
+  CHECK(step.type(step.output("loss")) == TensorType{{}, DType::f32});
+}
+
+TEST_CASE("plan: bf16 halves BP's gradient all_reduce and ZeRO-3's all_gather and reduce_scatter") {
+  const nn::GptConfig c = small(2);
+  const Mesh mesh{{"batch", 4}};
+  for (DType half : {DType::bf16, DType::f16}) {
+    CAPTURE(name_of(half));
+    const Program f32 = train(c), mixed = train_mixed(c, half);
+    const SpmdProgram bp32 = lower(partition(f32, mesh, {data_parallel("batch")}));
+    const SpmdProgram bp16 = lower(partition(mixed, mesh, {data_parallel("batch")}));
+    CHECK(plan(bp16) == plan(bp32));
+    // Gradients are reduced in the compute dtype (the f32 loss is the scalar all_reduce).
+    CHECK(bytes(bp16, CK::all_reduce, {"batch"}) - 4 == (bytes(bp32, CK::all_reduce, {"batch"}) - 4) / 2);
+    const Schedule z3{data_parallel("batch"), zero3("batch")};
+    const SpmdProgram z3_32 = lower(partition(f32, mesh, z3)), z3_16 = lower(partition(mixed, mesh, z3));
+    CHECK(plan(z3_16) == plan(z3_32));
+    // Each parameter is cast on its shard, then gathered as a 16-bit copy.
+    CHECK(bytes(z3_16, CK::all_gather, {"batch"}) * 2 == bytes(z3_32, CK::all_gather, {"batch"}));
+    CHECK(bytes(z3_16, CK::reduce_scatter, {"batch"}) * 2 == bytes(z3_32, CK::reduce_scatter, {"batch"}));
+    for (const auto& col : z3_16.collectives())
+      if (col.operand.rank() > 0 && col.collective.kind != CK::all_slice) CHECK(col.operand.dtype == half);
+  }
+}
+
+TEST_CASE("differential: bf16 and f16 plans under compositions equal the same program on one device") {
+  // Both sides round every op's result to 16 bits, but a partitioned run sums partial products and partial
+  // gradients in another order and rounds them at other points (a partial sum is rounded before the
+  // all_reduce): results differ by a few 16-bit ulps (2^-8 relative for bf16), which two Adam steps carry
+  // into the parameters by at most a few lr * ulp. Hence 3e-2 relative, against 1e-4 for f32.
+  const Mesh square{{"batch", 2}, {"model", 2}};
+  const Mesh cube{{"pod", 2}, {"batch", 2}, {"model", 2}};
+  struct Case {
+    std::string label;
+    Mesh mesh;
+    Schedule schedule;
+  };
+  const std::vector<Case> cases = {
+      {"bp 4", Mesh{{"batch", 4}}, parse_schedule("bp")},
+      {"bp,mp 2x2", square, parse_schedule("bp,mp")},
+      {"bp,z2 4", Mesh{{"batch", 4}}, parse_schedule("bp,z2")},
+      {"bp,mp,z3 2x2", square, parse_schedule("bp,mp,z3")},
+      {"bp,mp 2x2x2", cube, {data_parallel("pod"), data_parallel("batch"), megatron("model")}},
+      {"bp,mp,z3 2x2x2", cube, {data_parallel("pod"), data_parallel("batch"), megatron("model"), zero3("batch")}},
+  };
+  std::uint64_t seed = 100;
+  for (DType half : {DType::bf16, DType::f16})
+    for (const auto& k : cases) {
+      CAPTURE(k.label);
+      CAPTURE(name_of(half));
+      const nn::GptConfig c = small(2);
+      const Program step = train_mixed(c, half, 1e-3);
+      const Error error = max_error(step, lower(partition(step, k.mesh, k.schedule)), c.vocab, ++seed);
+      CHECK_MESSAGE(error.value < 3e-2, error.where);
+    }
+}
+
+TEST_CASE("precision: bf16 training follows f32 training") {
+  const nn::GptConfig c = small(2);
+  const Program f32 = train(c), bf16_step = train_mixed(c, DType::bf16);
+  NamedArrays a = random_inputs(f32, c.vocab, 12), b = a;
+  double loss32 = 0, loss16 = 0;
+  for (int i = 0; i < 40; ++i) {
+    NamedArrays out32 = interpret(f32, a), out16 = interpret(bf16_step, b);
+    loss32 = out32.at("loss").at(0), loss16 = out16.at("loss").at(0);
+    carry_state(f32, a, std::move(out32));
+    carry_state(bf16_step, b, std::move(out16));
+  }
+  CHECK(loss16 < 0.6 * std::log(static_cast<double>(c.vocab)));
+  CHECK(std::abs(loss16 - loss32) < 0.05 * loss32 + 0.02);
+}
+
+TEST_CASE("precision: policies name what they break") {
+  const nn::GptConfig c = small(1);
+  const nn::Gpt model{c};
+  auto loss = [&](Tensor t, Tensor y) { return model.loss(t, y); };
+  // E80 a policy naming an integer dtype
+  CHECK_THROWS_WITH_AS(train_step(loss, Adam{}, data_specs(c), MixedPrecision{.compute = DType::i32}),
+                       "train_step 'train_step': MixedPrecision.compute = i32 is not a floating-point dtype "
+                       "(f32, f64, bf16 or f16)",
+                       UserError);
+  // E81 a reduce dtype other than the compute dtype
+  CHECK_THROWS_WITH_AS(
+      train_step(loss, Adam{}, data_specs(c), MixedPrecision{.compute = DType::bf16, .reduce = DType::f32}),
+      "train_step 'train_step': MixedPrecision.reduce = f32 with compute = bf16: gradients are reduced in the "
+      "narrowest dtype they take, the compute dtype; set reduce = compute",
+      UserError);
+  // E82 an unknown --precision name
+  CHECK_THROWS_WITH_AS(MixedPrecision::parse("fp8", "--precision"), "--precision='fp8': expected f32, bf16 or f16",
+                       UserError);
 }

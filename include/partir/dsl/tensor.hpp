@@ -55,9 +55,14 @@ class TraceScope {
 
 namespace detail {
 // v cast to the active precision policy's compute dtype (v itself without a policy, or if v is not a float).
+// One cast per value: every use of a parameter shares it, so its uses' gradients add up before the one
+// reduction (and ZeRO-3 gathers one copy).
 inline Tensor to_compute(Program& p, ValueId v) {
   const MixedPrecision* policy = PrecisionScope::active();
   if (!policy || !is_float(p.type(v).dtype) || p.type(v).dtype == policy->compute) return {p, v};
+  for (ValueId u = v + 1; u < p.size(); ++u)
+    if (const Op& op = p.op(u); op.kind == OpKind::convert && op.operands[0] == v && op.type.dtype == policy->compute)
+      return {p, u};
   Attrs a;
   a.dtype = policy->compute;
   return {p, p.add(OpKind::convert, {v}, std::move(a))};

@@ -11,8 +11,9 @@
 // A partial sum stays partial through a linear op only if that op is its one use; a partial sum with several
 // uses is reduced once where it is made (a gradient feeding Adam's m and v is all-reduced once, not twice).
 // Reshards are cached per (value, layout), so two uses wanting the same layout share one collective; a
-// parameter's reshards are cached per pass, so the backward pass gathers a ZeRO-3 parameter again instead of
-// holding the forward pass's gathered copy through it (as the ZeRO paper schedules it: 1.5x DP's bytes).
+// parameter's reshards (and its cast to a mixed-precision compute dtype's) are cached per pass, so the backward
+// pass gathers a ZeRO-3 parameter again instead of holding the forward pass's gathered copy through it (as
+// the ZeRO paper schedules it: 1.5x DP's bytes).
 // Where the result's sharding cannot be computed locally (an axis straddling a reshape's factors, a tiled
 // dim a slice or concatenate changes), the op runs with those axes replicated and later uses reshard.
 #include <map>
@@ -100,13 +101,19 @@ class Lowering {
     return emit(std::move(op), std::move(layout), std::move(c));
   }
 
+  // A parameter, or its cast (precision.hpp casts each parameter once, where the model uses it).
+  bool is_parameter_copy(ValueId v) const {
+    const Op& op = prog_.op(v);
+    if (op.kind == OpKind::convert) return is_parameter_copy(op.operands[0]);
+    return op.kind == OpKind::input && op.attrs.input_kind == InputKind::parameter;
+  }
+
   ValueId reshard(ValueId value, const Sharding& to, const std::string& site) {
     const ValueId start = local_[static_cast<std::size_t>(value)];
     Sharding cur = layout_of(start);
     if (cur == to) return start;
     std::string key = std::to_string(value) + " " + to_string(to);
-    if (prog_.op(value).kind == OpKind::input && prog_.op(value).attrs.input_kind == InputKind::parameter)
-      key += in_backward_pass_ ? " backward" : " forward";
+    if (is_parameter_copy(value)) key += in_backward_pass_ ? " backward" : " forward";
     if (auto it = reshards_.find(key); it != reshards_.end()) return it->second;
     for (const auto& p : to.partial)
       if (!cur.is_partial(p))
