@@ -43,10 +43,11 @@ inline p::NamedArrays batch_at(const std::string& text, std::int64_t batch, std:
   return {{"tokens", p::Array({batch, seq}, std::move(tokens))}, {"targets", p::Array({batch, seq}, std::move(targets))}};
 }
 
-inline p::Program train_program(const p::nn::Gpt& model, std::int64_t batch, double lr) {
+inline p::Program train_program(const p::nn::Gpt& model, std::int64_t batch, double lr,
+                                 const p::MixedPrecision& precision = {}) {
   const auto seq = model.config.seq;
   return p::train_step([&](p::Tensor tokens, p::Tensor targets) { return model.loss(tokens, targets); }, p::Adam{lr},
-                       {{"tokens", {batch, seq}, p::DType::i32}, {"targets", {batch, seq}, p::DType::i32}});
+                       {{"tokens", {batch, seq}, p::DType::i32}, {"targets", {batch, seq}, p::DType::i32}}, precision);
 }
 
 // tokens [batch, seq] -> "logits" [batch, vocab] of the byte after each window. Generation slides the window

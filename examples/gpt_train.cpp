@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   const long sample = args.get_int("sample", 0, "bytes to generate after training");
   const double temperature = args.get_double("temperature", 0, "sampling temperature; 0 picks the likeliest byte");
   const long log_every = examples::log_every_flag(args, steps);
+  const p::MixedPrecision precision = examples::precision_flag(args);
   const examples::CheckpointOptions checkpoint = examples::checkpoint_flags(args);
   args.finish();
 
@@ -43,13 +44,13 @@ int main(int argc, char** argv) {
     const p::nn::Gpt model{{.vocab = 256, .seq = seq, .d_model = dmodel, .heads = heads, .layers = layers,
                             .tied = tied != 0}};
     const std::string text = gpt::load_corpus(corpus_path, seq);
-    const p::Program step = gpt::train_program(model, batch, lr);
+    const p::Program step = gpt::train_program(model, batch, lr, precision);
     const p::Mesh mesh = p::Mesh::parse(mesh_text);
     const p::SpmdProgram spmd = p::lower(examples::partition_and_report(step, mesh, p::parse_schedule(schedule_text)));
     const examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), batch * seq,
                                         report == "json" ? report_file : "",
                                         "gpt_train mesh " + mesh.to_string() + " schedule " + schedule_text +
-                                            " backend " + backend,
+                                            " backend " + backend + " precision " + std::string(name_of(precision.compute)),
                                         checkpoint, log_every};
     auto next_batch = [&](long s) { return gpt::batch_at(text, batch, seq, static_cast<std::uint64_t>(seed), s); };
 

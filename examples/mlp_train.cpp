@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   const std::string mesh_text = args.get("mesh", "batch=2,model=2", "device mesh, axes major to minor");
   const std::string schedule_text = args.get("schedule", "bp,mp,z3", "tactics in order: bp, mp, z2, z3, auto:model (comma-separated), or none");
   const long log_every = examples::log_every_flag(args, steps);
+  const p::MixedPrecision precision = examples::precision_flag(args);
   const bool check = !args.get_flag("no-check", "skip the check against the single-device program after training");
   const std::string backend = args.get("backend", "threads", "threads (one process), mpi (under mpirun) or nccl (one GPU per device)");
   const std::string report = args.get("report", "", "'json' writes a JSON report of the run");
@@ -38,7 +39,7 @@ int main(int argc, char** argv) {
   try {
     p::nn::Mlp model{"params/mlp", {features, hidden, hidden, features}};
     const p::Program step = p::train_step([&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); },
-                                          p::Adam{lr}, {{"x", {batch, features}}, {"y", {batch, features}}});
+                                          p::Adam{lr}, {{"x", {batch, features}}, {"y", {batch, features}}}, precision);
     const p::Mesh mesh = p::Mesh::parse(mesh_text);
     const p::Partitioned plan = examples::partition_and_report(step, mesh, p::parse_schedule(schedule_text));
     const p::SpmdProgram spmd = p::lower(plan);
@@ -64,7 +65,8 @@ int main(int argc, char** argv) {
     };
     examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), batch,
                                   report == "json" ? report_file : "",
-                                  "mlp_train mesh " + mesh.to_string() + " schedule " + schedule_text + " backend " + backend,
+                                  "mlp_train mesh " + mesh.to_string() + " schedule " + schedule_text + " backend " + backend +
+                                      " precision " + std::string(name_of(precision.compute)),
                                   checkpoint, log_every};
     // The same steps on one device (the interpreter, from the same initial state and batches): the partitioned
     // run must end with the same parameters and loss, up to float rounding in a different order.

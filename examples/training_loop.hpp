@@ -53,6 +53,12 @@ inline long log_every_flag(cli::Args& args, long steps) {
   return n > 0 ? n : steps <= 20 ? 1 : std::max(1L, steps / 10);
 }
 
+// --precision f32|bf16|f16: f32 master weights, Adam state and loss; the model in the 16-bit type.
+inline p::MixedPrecision precision_flag(cli::Args& args) {
+  return p::MixedPrecision::parse(args.get("precision", "f32", "compute dtype: f32, bf16 or f16 (f32 master weights)"),
+                                  "--precision");
+}
+
 struct LoopOptions {
   long steps = 100;
   std::uint64_t seed = 0;

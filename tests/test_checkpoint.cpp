@@ -65,6 +65,20 @@ struct TempDir {
 
 }  // namespace
 
+TEST_CASE("checkpoint: bf16 state saves and resumes bit for bit, the manifest naming its dtype") {
+  const Program step = train_step([&](Tensor x, Tensor y) { return mse(nn::Mlp{"params/mlp", {8, 16, 8}}(x), y); },
+                                  Adam{1e-2}, {{"x", {16, 8}}, {"y", {16, 8}}},
+                                  MixedPrecision{DType::bf16, DType::bf16, DType::bf16, DType::f32});
+  const SpmdProgram spmd = lower(partition(step, Mesh{{"batch", 2}, {"model", 2}}, parse_schedule("bp,mp,z3")));
+  TempDir tmp;
+  const std::string dir = tmp.path + "/bf16";
+  const std::vector<double> full = run(step, spmd, 1, 4, dir, 2, false);
+  CHECK(checkpoint::load(dir).tensors.at("params/mlp/w1").dtype() == DType::bf16);
+  CHECK(checkpoint::load(dir).tensors.at("opt/adam/m/params/mlp/w1").dtype() == DType::bf16);
+  const std::vector<double> resumed = run(step, spmd, 3, 4, dir, 0, true);
+  CHECK(resumed == std::vector<double>(full.begin() + 2, full.end()));
+}
+
 TEST_CASE("checkpoint: resume, reshard onto another mesh and schedule, and damage detection") {
   const Program step = adam_step();
   const SpmdProgram spmd = lower(partition(step, Mesh{{"batch", 2}, {"model", 2}},
@@ -149,6 +163,14 @@ TEST_CASE("checkpoint: resume, reshard onto another mesh and schedule, and damag
   CHECK(message_of([&] { run(wide, wide_spmd, 4, 4, dir, 0, true); }) ==
         "checkpoint '" + dir + "' (step 3): tensor 'params/mlp/w1' is f32[8,16] but program 'train_step' needs "
         "f32[8,32]");
+  // E83 a program whose parameters have another dtype (bf16 master weights): never converted implicitly.
+  const Program bf16_step = train_step([&](Tensor x, Tensor y) { return mse(nn::Mlp{"params/mlp", {8, 16, 8}}(x), y); },
+                                       Adam{1e-2}, {{"x", {16, 8}}, {"y", {16, 8}}},
+                                       MixedPrecision{DType::bf16, DType::bf16, DType::bf16, DType::f32});
+  const SpmdProgram bf16_spmd = lower(partition(bf16_step, Mesh{{"batch", 2}}, {data_parallel("batch")}));
+  CHECK(message_of([&] { run(bf16_step, bf16_spmd, 4, 4, dir, 0, true); }) ==
+        "checkpoint '" + dir + "' (step 3): tensor 'params/mlp/w1' is f32[8,16] but program 'train_step' needs "
+        "bf16[8,16] (a checkpoint restores into its own dtypes: checkpoint::load it, convert, and shard_state)");
   // No checkpoint at all.
   CHECK(message_of([&] { checkpoint::load(tmp.path + "/none"); }) ==
         "checkpoint '" + tmp.path + "/none': no LATEST file (nothing was saved here, or no save finished)");
