@@ -31,6 +31,10 @@ inline Tensor param_input(Program& p, ValueId param, ValueId grad, const std::st
                to_string(p.type(param)));
   return {p, param};
 }
+
+// Updates run in f32 for 16-bit parameters (bf16 cannot even hold Adam's beta2 = 0.999: it rounds to 1), in
+// the parameter's dtype otherwise; results are stored back in the parameter's dtype.
+inline DType update_dtype(DType param) { return is_half(param) ? DType::f32 : param; }
 }  // namespace detail
 
 // Plain gradient descent: p <- p - lr * g. No state.
@@ -39,7 +43,8 @@ struct SGD {
 
   ParamUpdate update(Program& p, ValueId param, ValueId grad) const {
     const Tensor w = detail::param_input(p, param, grad, "SGD");
-    return {(w - learning_rate * Tensor{p, grad}).id(), {}};
+    const DType math = detail::update_dtype(w.dtype());
+    return {convert(convert(w, math) - learning_rate * convert(Tensor{p, grad}, math), w.dtype()).id(), {}};
   }
 };
 
@@ -54,24 +59,25 @@ struct Adam {
   static constexpr const char* next_step_tag = "opt/adam/t";  // names t + 1, shared by all parameters
 
   ParamUpdate update(Program& p, ValueId param, ValueId grad) const {
-    const Tensor w = detail::param_input(p, param, grad, "Adam");
-    const Tensor g{p, grad};
+    const Tensor stored = detail::param_input(p, param, grad, "Adam");
+    const DType math = detail::update_dtype(stored.dtype());
+    const Tensor w = convert(stored, math), g = convert(Tensor{p, grad}, math);
     const std::string name = p.op(param).name;  // a copy: adding the state inputs below may move the ops
     ParamUpdate out;
     const Tensor t = next_step(p, out.state);
-    auto state_input = [&](const std::string& state_name) {
-      return Tensor{p, p.add_input(state_name, w.type(), InputKind::optimizer_state, zeros_init())};
+    auto state_input = [&](const std::string& state_name) {  // stored like the parameter
+      return convert(Tensor{p, p.add_input(state_name, stored.type(), InputKind::optimizer_state, zeros_init())}, math);
     };
     const std::string m_name = "opt/adam/m/" + name, v_name = "opt/adam/v/" + name;
     const Tensor m = beta1 * state_input(m_name) + (1.0 - beta1) * g;
     const Tensor v = beta2 * state_input(v_name) + (1.0 - beta2) * (g * g);
-    // Bias corrections in the parameter's dtype (t itself is f32), so f64 parameters get an f64 update.
-    const Tensor t_w = convert(t, w.dtype());
-    auto bias_correction = [&](double beta) { return 1.0 - pow(constant(p, beta, {}, w.dtype()), t_w); };
+    // Bias corrections in the update's dtype (t itself is f32), so f64 parameters get an f64 update.
+    const Tensor t_w = convert(t, math);
+    auto bias_correction = [&](double beta) { return 1.0 - pow(constant(p, beta, {}, math), t_w); };
     const Tensor m_hat = m / bias_correction(beta1), v_hat = v / bias_correction(beta2);
-    out.param = (w - learning_rate * m_hat / (sqrt(v_hat) + eps)).id();
-    out.state.push_back({m_name, m.id(), m_name});
-    out.state.push_back({v_name, v.id(), v_name});
+    out.param = convert(w - learning_rate * m_hat / (sqrt(v_hat) + eps), stored.dtype()).id();
+    out.state.push_back({m_name, convert(m, stored.dtype()).id(), m_name});
+    out.state.push_back({v_name, convert(v, stored.dtype()).id(), v_name});
     return out;
   }
 

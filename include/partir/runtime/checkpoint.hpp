@@ -317,7 +317,10 @@ std::int64_t restore(const std::string& dir, const SpmdProgram& spmd, C& comm, N
     if (e == m.tensors.end()) user_error(what + " has no tensor '" + b.name + "' that program '" + spmd.name() + "' needs");
     if (e->type != b.global)
       user_error(what + ": tensor '" + b.name + "' is " + to_string(e->type) + " but program '" + spmd.name() +
-                 "' needs " + to_string(b.global));
+                 "' needs " + to_string(b.global) +
+                 (e->type.shape == b.global.shape
+                      ? " (a checkpoint restores into its own dtypes: checkpoint::load it, convert, and shard_state)"
+                      : ""));
     wanted[b.name] = {Array(spmd.type(b.value)), layout::piece_offset(b.global.shape, b.sharding, spmd.mesh(), comm.device())};
   }
   detail::for_each_piece(m, [&](const detail::Manifest::Tensor& e, std::int64_t device, const Array& piece) {

@@ -13,21 +13,27 @@ namespace partir {
 
 namespace kernels {
 
-// Fills buf[0, len) with the pattern input's elements i0 .. i0 + len - 1.
-template <class T>
-void load_pattern(const FusedInput& in, const T* x, std::int64_t i0, std::int64_t len, T* buf) {
-  if (in.mod == 1) {
-    std::fill_n(buf, len, x[0]);
+// Fills buf[0, len) with the pattern input's elements i0 .. i0 + len - 1 (mod 0: the elements themselves),
+// widened from 16 bits where S is a 16-bit type.
+template <class S, class T>
+void load_pattern(const FusedInput& in, const S* x, std::int64_t i0, std::int64_t len, T* buf) {
+  auto copy = [](const S* from, std::int64_t n, T* to) {
+    for (std::int64_t k = 0; k < n; ++k) to[k] = static_cast<T>(from[k]);
+  };
+  if (in.mod == 0) {
+    copy(x + i0, len, buf);
+  } else if (in.mod == 1) {
+    std::fill_n(buf, len, static_cast<T>(x[0]));
   } else if (in.div == 1) {  // a row repeated
     for (std::int64_t j = 0; j < len;) {
       const std::int64_t at = (i0 + j) % in.mod, run = std::min(in.mod - at, len - j);
-      std::copy_n(x + at, run, buf + j);
+      copy(x + at, run, buf + j);
       j += run;
     }
   } else {  // each element stretched over `div` consecutive outputs
     for (std::int64_t j = 0; j < len;) {
       const std::int64_t e = i0 + j, run = std::min(in.div - e % in.div, len - j);
-      std::fill_n(buf + j, run, x[(e / in.div) % in.mod]);
+      std::fill_n(buf + j, run, static_cast<T>(x[(e / in.div) % in.mod]));
       j += run;
     }
   }
@@ -86,8 +92,12 @@ void run_step(const FusedStep& s, std::span<const T* const> a, std::int64_t len,
   }
 }
 
-template <class T>
+// S: the stored element type. 16-bit groups compute in f32 and round every step's register to 16 bits, as
+// the unfused ops round their results (bitwise equal to them).
+template <class S>
 void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array& out) {
+  constexpr bool half = is_half_type<S>;
+  using T = std::conditional_t<half, float, S>;
   constexpr std::int64_t b = block_size<T>, tile = 32 * b;  // 2 KiB per register
   const std::int64_t n = out.size();
   if (n == 0) return;
@@ -101,13 +111,16 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
   auto run_tile = [&](std::int64_t i0, std::int64_t len) {
     for (std::size_t k = 0; k < ins; ++k) {
       const FusedInput& fi = g.inputs[k];
-      const T* x = ptr<T>(*inputs[k]);
+      const S* x = ptr<S>(*inputs[k]);
       if (padded) {
         load_pattern(fi.mod ? fi : FusedInput{fi.value, 1, n}, x, 0, n, buf(k));
         std::fill(buf(k) + n, buf(k) + b, buf(k)[0]);
         in[k] = buf(k);
+      } else if (fi.mod == 0 && half) {
+        load_pattern(fi, x, i0, len, buf(k));
+        in[k] = buf(k);
       } else if (fi.mod == 0) {
-        in[k] = x + i0;
+        if constexpr (!half) in[k] = x + i0;
       } else if (fi.mod != 1 || i0 == 0) {  // a scalar is loaded once
         load_pattern(fi, x, i0, len, buf(k));
         in[k] = buf(k);
@@ -117,9 +130,21 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
       args.clear();
       for (int a : g.steps[s].args) args.push_back(a < 0 ? in[static_cast<std::size_t>(-1 - a)] : reg(static_cast<std::size_t>(a)));
       const bool root = s + 1 == steps;
-      run_step<T>(g.steps[s], args, len, root && !padded ? ptr<T>(out) + i0 : reg(s));
+      if constexpr (half) {
+        run_step<T>(g.steps[s], args, len, reg(s));
+        T* r = reg(s);
+        if (root) {
+          S* o = ptr<S>(out) + (padded ? 0 : i0);
+          for (std::int64_t j = 0, m = padded ? n : len; j < m; ++j) o[j] = S(r[j]);
+        } else {
+          for (std::int64_t j = 0; j < len; ++j) r[j] = static_cast<float>(S(r[j]));
+        }
+      } else {
+        run_step<T>(g.steps[s], args, len, root && !padded ? ptr<T>(out) + i0 : reg(s));
+      }
     }
-    if (padded) std::copy_n(reg(steps - 1), n, ptr<T>(out));
+    if constexpr (!half)
+      if (padded) std::copy_n(reg(steps - 1), n, ptr<T>(out));
   };
   if (padded) return run_tile(0, b);
   for (std::int64_t i0 = 0; i0 < n; i0 += width) {
@@ -135,8 +160,13 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
 // The group's result from its inputs' values (one per FusionGroup::inputs entry, in order).
 inline Array eval_fused(const FusionGroup& g, std::span<const Array* const> inputs) {
   Array out = kernels::buffer_cache().take(g.type);
-  kernels::visit_float_dtype(g.type.dtype, g.steps.back().kind,
-                             [&](auto t) { kernels::run_group<decltype(t)>(g, inputs, out); });
+  switch (g.type.dtype) {
+    case DType::bf16: kernels::run_group<bf16>(g, inputs, out); break;
+    case DType::f16: kernels::run_group<f16>(g, inputs, out); break;
+    default:
+      kernels::visit_float_dtype(g.type.dtype, g.steps.back().kind,
+                                 [&](auto t) { kernels::run_group<decltype(t)>(g, inputs, out); });
+  }
   return out;
 }
 

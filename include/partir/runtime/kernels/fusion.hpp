@@ -134,8 +134,7 @@ inline FusionPlan::FusionPlan(std::int64_t size, const std::function<const Op&(V
   if (fuse) {
     auto member = [&](ValueId v) {
       const Op& o = op(v);
-      if (!computed(v) || !detail::fusable_kind(o.kind) || !is_float(o.type.dtype) || is_half(o.type.dtype))
-        return false;
+      if (!computed(v) || !detail::fusable_kind(o.kind) || !is_float(o.type.dtype)) return false;
       for (auto a : o.operands)
         if (op(a).type.dtype != o.type.dtype || op(a).type.elements() != o.type.elements()) return false;
       return true;
