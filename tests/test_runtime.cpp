@@ -233,7 +233,9 @@ std::uint16_t reference_bf16(float x) {
 TEST_CASE("runtime: 16-bit conversions round to nearest even, overflow to inf, keep NaN and subnormals") {
   // f16 against the CPU's own F16C conversions: every f16 value back to f32, and a sweep of f32 bit
   // patterns (every sign, exponent and rounding case) to f16.
-  for (std::uint32_t h = 0; h < 0x10000; ++h) {
+  const bool f16c = __builtin_cpu_supports("f16c");
+  if (!f16c) MESSAGE("this CPU has no F16C: f16 is checked by the named cases only");
+  for (std::uint32_t h = 0; f16c && h < 0x10000; ++h) {
     const float got = static_cast<float>(f16::from_bits(static_cast<std::uint16_t>(h))), want = hardware_f32(static_cast<std::uint16_t>(h));
     if (std::isnan(want)) REQUIRE(std::isnan(got));
     else REQUIRE(std::bit_cast<std::uint32_t>(got) == std::bit_cast<std::uint32_t>(want));
@@ -247,7 +249,7 @@ TEST_CASE("runtime: 16-bit conversions round to nearest even, overflow to inf, k
       bf16_wrong += !std::isnan(static_cast<float>(bf16::from_bits(b))) || (b >> 15) != (u >> 31);
       continue;
     }
-    f16_wrong += h != hardware_f16(x);
+    if (f16c) f16_wrong += h != hardware_f16(x);
     bf16_wrong += b != (std::isinf(x) ? static_cast<std::uint16_t>(u >> 16) : reference_bf16(x));
   }
   CHECK(f16_wrong == 0);
