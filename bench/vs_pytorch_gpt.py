@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """GPT train step time, PyTorch CPU against partir: the same byte-level GPT (nn::Gpt of
-include/partir/dsl/transformer.hpp, written again in torch below), same sizes, fp32, Adam, one run each:
+include/partir/dsl/transformer.hpp, written again in torch below), same sizes, fp32 (or --precision bf16:
+torch.autocast("cpu", torch.bfloat16) against partir's MixedPrecision bf16), Adam, one run each:
 
   torch, 1 thread           vs  partir, 1 device on 1 thread (build/examples/gpt_train, PARTIR_NUM_THREADS=1)
   torch, 2 threads          vs  partir, 1 device on 2 threads, and BP on 2 devices (threads backend; and 2 MPI
@@ -85,7 +86,8 @@ def torch_step_ms(a):
         targets = torch.randint(0, V, (B, S))
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(tokens, targets)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            loss = loss_fn(tokens, targets)
         loss.backward()
         opt.step()
         times.append(1e3 * (time.perf_counter() - t0))
@@ -102,7 +104,7 @@ def partir_step_ms(a, mesh, schedule, launcher, malloc_env, threads):
         cmd = launcher + [str(binary), "--steps", str(a.steps), "--batch", str(a.batch), "--seq", str(a.seq),
                           "--dmodel", str(a.dmodel), "--heads", str(a.heads), "--layers", str(a.layers),
                           "--lr", str(a.lr), "--mesh", mesh, "--schedule", schedule, "--report", "json",
-                          "--report-file", str(report)]
+                          "--report-file", str(report), "--precision", a.precision]
         if launcher:
             cmd += ["--backend", "mpi"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=dict(env_with_threads(1), PARTIR_NUM_THREADS=str(threads), **malloc_env))
@@ -127,6 +129,7 @@ def main():
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--precision", choices=["f32", "bf16"], default="f32")
     parser.add_argument("--threads", type=int, default=0, help=argparse.SUPPRESS)  # set in the torch child
     a = parser.parse_args()
     if a.threads:
@@ -154,7 +157,7 @@ def main():
         rows += partir_rows("partir, bp on 2 MPI ranks", "batch=2", "bp", ["mpirun", "--oversubscribe", "-np", "2"],
                             torch2, 2)
     print(f"GPT train step: batch {a.batch}, seq {a.seq}, d_model {a.dmodel}, heads {a.heads}, layers {a.layers}, "
-          f"vocab 256, fp32, Adam; median of {a.steps - a.warmup} steps")
+          f"vocab 256, {a.precision}, Adam; median of {a.steps - a.warmup} steps")
     print(f"{'run':<42}{'ms/step':>10}{'tokens/s':>12}{'torch/partir':>14}")
     for name, ms, torch_row in rows:
         ratio = f"{rows[torch_row][1] / ms:.2f}x" if torch_row is not None else ""

@@ -4,9 +4,10 @@
 //      oneDNN, the best engine built in. Then each other engine's 2048^3 rate, for reference;
 //   2. PyTorch (bench/vs_pytorch_mlp.py in a child process, OPENBLAS_NUM_THREADS = the budget), skipped with
 //      a message when torch is missing;
-//   3. partir's interpreter on one device, on every GEMM engine built in (fused), and unfused on the default.
+//   3. partir's interpreter on one device, on every GEMM engine built in (fused), and unfused on the default;
+//   4. bf16: PyTorch under torch.autocast("cpu", torch.bfloat16) vs partir under MixedPrecision bf16.
 // Prints each step time, GFLOP/s (5 GEMMs: the first layer needs no input gradient) and the ratios:
-// partir step vs matmul peak (target >= 0.7) and vs PyTorch (target >= 2.0x).
+// partir step vs matmul peak (target >= 0.7), vs PyTorch (target >= 2.0x), and bf16 vs autocast (>= 2.0x).
 // Every measurement runs `rounds` times in turn and the best is kept, so that load from other processes
 // hits all of them alike. After OpenBLAS runs, the bench waits for its spinning threads to sleep.
 // usage: vs_pytorch_mlp [reps] [--rounds 2] [--python PATH] [--script PATH]
@@ -57,11 +58,11 @@ void let_pools_sleep() { std::this_thread::sleep_for(std::chrono::milliseconds(3
 
 // The median step time PyTorch reports, or a negative value (with the reason printed) when it cannot run.
 double torch_ms(const std::string& python, const std::string& script, long batch, long in, long hidden, int reps,
-                bool verbose) {
+                bool verbose, const std::string& autocast = "none") {
   const std::string cmd = "OPENBLAS_NUM_THREADS=" + std::to_string(p::thread_budget()) + " " + python + " " + script +
                           " --batch " + std::to_string(batch) + " --inputs " + std::to_string(in) + " --hidden " +
                           std::to_string(hidden) + " --reps " + std::to_string(reps) + " --threads " +
-                          std::to_string(p::thread_budget()) + " 2>&1";
+                          std::to_string(p::thread_budget()) + " --autocast " + autocast + " 2>&1";
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) {
     std::printf("pytorch: skipped (cannot run %s)\n", python.c_str());
@@ -103,12 +104,15 @@ int main(int argc, char** argv) {
   p::nn::Mlp model{"params/mlp", {in, hidden, in}};
   const p::Program step = p::train_step([&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); }, p::SGD{lr},
                                         {{"x", {batch, in}}, {"y", {batch, in}}});
+  const p::Program bf16_step = p::train_step([&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); },
+                                             p::SGD{lr}, {{"x", {batch, in}}, {"y", {batch, in}}},
+                                             p::MixedPrecision::with_compute(p::DType::bf16));
   const p::NamedArrays state = p::init_inputs(step, 0, true);
-  auto partir_ms = [&](p::GemmEngine engine, bool fuse) {
+  auto partir_ms = [&](p::GemmEngine engine, bool fuse, const p::Program& program) {
     p::set_gemm_engine(engine);
     p::set_fusion(fuse);
     p::NamedArrays running = state;
-    const double ms = median_ms(reps, [&] { p::carry_state(step, running, p::interpret(step, running)); });
+    const double ms = median_ms(reps, [&] { p::carry_state(program, running, p::interpret(program, running)); });
     p::kernels::buffer_cache().clear();  // the next variant starts from the same memory conditions
     if (engine == p::GemmEngine::blas) let_pools_sleep();
     return ms;
@@ -127,14 +131,17 @@ int main(int argc, char** argv) {
       if (e == p::GemmEngine::blas) let_pools_sleep();
     }
 
-  double torch = -1, unfused = 1e30;
+  double torch = -1, torch_bf16 = -1, unfused = 1e30, bf16 = 1e30;
   std::map<p::GemmEngine, double> fused;
   for (int round = 0; round < rounds; ++round) {
     const double t = torch_ms(python, script, batch, in, hidden, reps, round == 0);
     if (t > 0) torch = torch < 0 ? t : std::min(torch, t);
+    const double t16 = torch_ms(python, script, batch, in, hidden, reps, false, "bf16");
+    if (t16 > 0) torch_bf16 = torch_bf16 < 0 ? t16 : std::min(torch_bf16, t16);
+    bf16 = std::min(bf16, partir_ms(best, true, bf16_step));
     for (p::GemmEngine e : p::all_gemm_engines)
-      if (p::built_in(e)) fused[e] = std::min(fused.count(e) ? fused[e] : 1e30, partir_ms(e, true));
-    unfused = std::min(unfused, partir_ms(best, false));
+      if (p::built_in(e)) fused[e] = std::min(fused.count(e) ? fused[e] : 1e30, partir_ms(e, true, step));
+    unfused = std::min(unfused, partir_ms(best, false, step));
   }
   p::set_gemm_engine(best);
   p::set_fusion(true);
@@ -148,12 +155,15 @@ int main(int argc, char** argv) {
                 100.0 * flops / ms / 1e6 / peak);
   };
   if (torch > 0) row("pytorch", torch);
+  if (torch_bf16 > 0) row("pytorch (autocast bf16)", torch_bf16);
+  row("partir (" + std::string(p::name_of(best)) + " gemm, bf16)", bf16);
   for (const auto& [e, ms] : fused) row("partir (" + std::string(p::name_of(e)) + " gemm, fused)", ms);
   row("partir (" + std::string(p::name_of(best)) + " gemm, unfused)", unfused);
   const double step_ms = fused.at(best);
   std::printf("partir step vs matmul peak: %.2f (target >= 0.7)\n", flops / step_ms / 1e6 / peak);
   if (torch > 0) std::printf("partir speed vs pytorch: %.2fx (target >= 2.0x)\n", torch / step_ms);
   else std::printf("partir speed vs pytorch: skipped (no torch)\n");
+  if (torch_bf16 > 0) std::printf("partir bf16 vs pytorch autocast bf16: %.2fx (target >= 2.0x)\n", torch_bf16 / bf16);
   std::printf("fusion speedup: %.2fx", unfused / step_ms);
   for (const auto& [e, ms] : fused)
     if (e != best) std::printf("; %s vs %s engine: %.2fx", std::string(p::name_of(best)).c_str(),

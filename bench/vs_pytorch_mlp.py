@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """PyTorch half of bench/vs_pytorch_mlp: the MLP train step of partir's nn::Mlp (x @ w1 + b1, ReLU, @ w2 + b2,
-MSE, plain SGD), fp32, written with the usual torch modules, timed as the median of --reps steps after
+MSE, plain SGD), fp32 or under torch.autocast("cpu", torch.bfloat16) (--autocast bf16), written with the usual
+torch modules, timed as the median of --reps steps after
 --warmup steps. bench/vs_pytorch_mlp runs it in a child process with OPENBLAS_NUM_THREADS set (torch's
 set_num_threads does not bound OpenBLAS's pool). Prints one line `torch_step_ms <ms>` (and a description
 line), or `skip: <why>` with exit status 0 when torch is not installed.
 
 usage: /usr/bin/python3 bench/vs_pytorch_mlp.py [--batch 256 --inputs 1024 --hidden 4096 --reps 10 --threads 2]
+                                                 [--autocast bf16]
 """
 import argparse
 import os
@@ -23,6 +25,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--autocast", choices=["none", "bf16"], default="none")
     a = ap.parse_args()
     try:
         import torch
@@ -40,7 +43,8 @@ def main():
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast == "bf16"):
+            loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         return loss.item()
@@ -53,7 +57,7 @@ def main():
         step()
         ms.append((time.perf_counter() - t0) * 1e3)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}")
+          f"OPENBLAS_NUM_THREADS={os.environ.get('OPENBLAS_NUM_THREADS', 'unset')}, autocast {a.autocast}")
     print(f"torch_step_ms {statistics.median(ms):.3f}")
     return 0
 

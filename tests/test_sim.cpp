@@ -388,6 +388,54 @@ TEST_CASE("ZeRO on a lowered MLP train step: collective bytes and model-state me
   }
 }
 
+// Mixed-precision Adam (bf16 compute, f32 master weights): the ZeRO paper's 16 bytes per parameter are 2 (the
+// 16-bit copy) + 2 (its 16-bit gradient) + 12 (f32 master weights, m and v). The 12 persist: 1/N of them under
+// ZeRO-3; the 16-bit copy is cast on each device's shard, so it is 1/N as well before its all_gather.
+TEST_CASE("ZeRO under mixed precision: 12 persistent bytes per parameter, 16-bit copies of 2, all 1/N under ZeRO-3") {
+  const std::int64_t B = 16, D = 8, H = 32, N = 4;
+  nn::Mlp model{"params/mlp", {D, H, D}};
+  const Program step = train_step([&](Tensor x, Tensor y) { return mse(model(x), y); }, Adam{},
+                                  {{"x", {B, D}}, {"y", {B, D}}}, MixedPrecision::with_compute(DType::bf16));
+  const std::int64_t params = D * H + H + H * D + D;
+  const Mesh mesh{{"batch", N}};
+  const SpmdProgram dp_plan = lower(partition(step, mesh, {data_parallel("batch")}));
+  const SpmdProgram z3_plan = lower(partition(step, mesh, {data_parallel("batch"), zero3("batch")}));
+  const HardwareProfile hw = HardwareProfile::cpu();
+  const Report dp = simulate(dp_plan, hw), zero3 = simulate(z3_plan, hw);
+  auto model_state = [](const Report& r) {
+    return r.inputs[MemoryKind::parameters] + r.inputs[MemoryKind::optimizer_state] - 4;  // Adam's step scalar
+  };
+  CHECK(model_state(dp) == 12 * params);
+  CHECK(model_state(zero3) * N == 12 * params);
+  // Every 16-bit cast of a parameter, resident or not at the peak.
+  auto copies = [](const SpmdProgram& p) {
+    std::int64_t bytes = 0;
+    for (ValueId v = 0; v < p.size(); ++v)
+      if (p.op(v).op.kind == OpKind::convert && p.op(v).op.type.dtype == DType::bf16 &&
+          p.op(p.op(v).op.operands[0]).op.attrs.input_kind == InputKind::parameter &&
+          p.op(p.op(v).op.operands[0]).op.kind == OpKind::input && !p.op(p.op(v).op.operands[0]).collective)
+        bytes += p.type(v).bytes();
+    return bytes;
+  };
+  CHECK(copies(dp_plan) == 2 * params);
+  CHECK(copies(z3_plan) * N == 2 * params);
+  // Gradients travel in bf16: 2 bytes per parameter into the all_reduce (DP) or the reduce_scatter (ZeRO-3).
+  auto gradient_bytes = [](const SpmdProgram& p, CollectiveKind kind) {
+    std::int64_t bytes = 0;
+    for (const auto& c : p.collectives())
+      if (c.collective.kind == kind && c.operand.rank() > 0) bytes += c.operand.bytes();
+    return bytes;
+  };
+  CHECK(gradient_bytes(dp_plan, CollectiveKind::all_reduce) == 2 * params);
+  CHECK(gradient_bytes(z3_plan, CollectiveKind::reduce_scatter) == 2 * params);
+  // Predicted peak = measured, device by device.
+  const NamedArrays global = init_inputs(step, 0, true);
+  for (const auto* plan : {&dp_plan, &z3_plan}) {
+    const std::int64_t predicted = simulate(*plan, hw).peak_bytes;
+    for (const auto& d : execute_local(*plan, global)) CHECK(d.peak_bytes == predicted);
+  }
+}
+
 // ZeRO-3 gathers each parameter for the forward pass and again for the backward pass, and reduce-scatters
 // its gradient: 2 psi + the bytes the backward pass reads, against data parallelism's 2 psi (all_reduce).
 // The ZeRO paper's 1.5x assumes the backward pass reads every parameter; here it reads only w2 (the

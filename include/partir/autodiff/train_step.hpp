@@ -11,6 +11,55 @@
 namespace partir {
 
 namespace detail {
+// Dynamic loss scaling (precision.hpp's LossScaling) around a step's gradients and updates.
+class LossScaler {
+ public:
+  LossScaler(Program& p, const LossScaling& s)
+      : s_(s),
+        scale_(p, p.add_input(LossScaling::scale_name, {{}, DType::f32}, InputKind::optimizer_state,
+                              constant_init(s.initial))),
+        clean_(p, p.add_input(LossScaling::clean_steps_name, {{}, DType::f32}, InputKind::optimizer_state,
+                              zeros_init())) {}
+
+  // What the backward pass starts from: loss * scale, in the loss's dtype.
+  ValueId scaled(Program& p, ValueId loss) const { return (Tensor{p, loss} * convert(scale_, p.type(loss).dtype)).id(); }
+
+  // The gradients divided by the scale (in their own dtypes), and whether they are all finite: sum(g - g) is
+  // 0 for finite g and NaN for inf or NaN, summed over every gradient.
+  std::vector<ValueId> unscale(Program& p, const std::vector<ValueId>& grads) {
+    std::vector<ValueId> out;
+    std::optional<Tensor> nonfinite;
+    for (ValueId g : grads) {
+      const Tensor gt{p, g};
+      const Tensor check = sum(convert(gt - gt, DType::f32));
+      nonfinite = nonfinite ? *nonfinite + check : check;
+      out.push_back((gt / convert(scale_, gt.dtype())).id());
+    }
+    finite_ = compare(*nonfinite, *nonfinite, CompareDir::eq);  // NaN != NaN
+    return out;
+  }
+
+  // `updated` where the gradients were finite, else `old` (the step is skipped).
+  ValueId keep_if_finite(Program& p, ValueId updated, ValueId old) const {
+    const Tensor u{p, updated};
+    return select(broadcast_to(convert(*finite_, u.dtype()), u.shape()), u, Tensor{p, old}).id();
+  }
+
+  // The scale's and the clean-step counter's next values, as outputs updating their inputs.
+  std::vector<Output> next_state() const {
+    const Tensor clean = select(*finite_, clean_ + 1.0, full_like(clean_, 0.0));
+    const Tensor grow = *finite_ * compare(clean, full_like(clean, static_cast<double>(s_.interval)), CompareDir::ge);
+    const Tensor scale = select(*finite_, select(grow, scale_ * s_.growth, scale_), scale_ * s_.backoff);
+    return {{LossScaling::scale_name, scale.id(), LossScaling::scale_name},
+            {LossScaling::clean_steps_name, select(grow, full_like(clean, 0.0), clean).id(), LossScaling::clean_steps_name}};
+  }
+
+ private:
+  LossScaling s_;
+  Tensor scale_, clean_;
+  std::optional<Tensor> finite_;
+};
+
 template <class LossFn, Optimizer Opt>
 Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>& data,
                    const MixedPrecision* precision, const std::string& name) {
@@ -34,16 +83,25 @@ Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>
     if (p.op(v).attrs.input_kind == InputKind::parameter) params.push_back(v);
   if (params.empty()) user_error(who + ": the loss function declares no parameters (see param() and nn)");
 
-  const auto grads = grad(p, loss, params);
+  std::optional<LossScaler> scaler;
+  if (precision && precision->loss_scaling) scaler.emplace(p, *precision->loss_scaling);
+  auto grads = grad(p, scaler ? scaler->scaled(p, loss) : loss, params);
+  if (scaler) grads = scaler->unscale(p, grads);
   std::vector<ParamUpdate> updates;
   for (std::size_t i = 0; i < params.size(); ++i) updates.push_back(opt.update(p, params[i], grads[i]));
   p.add_output("loss", loss);
+  // Under loss scaling a step with inf/NaN gradients leaves every parameter and optimizer state as it was.
+  auto output = [&](const std::string& name, ValueId value, const std::string& updates_input) {
+    p.add_output(name, scaler ? scaler->keep_if_finite(p, value, *p.find_input(updates_input)) : value, updates_input);
+  };
   for (std::size_t i = 0; i < params.size(); ++i) {
     const std::string param_name = p.op(params[i]).name;
-    p.add_output(param_name, updates[i].param, param_name);
+    output(param_name, updates[i].param, param_name);
   }
   for (const auto& u : updates)
-    for (const auto& s : u.state) p.add_output(s.name, s.value, s.updates);
+    for (const auto& s : u.state) output(s.name, s.value, s.updates);
+  if (scaler)
+    for (const auto& s : scaler->next_state()) p.add_output(s.name, s.value, s.updates);
   verify(p);
   return p;
 }

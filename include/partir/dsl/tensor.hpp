@@ -97,6 +97,7 @@ inline Init normal_init(double stddev) { return {Init::Kind::normal, stddev}; }
 inline Init uniform_init(double half_width) { return {Init::Kind::uniform, half_width}; }
 inline Init zeros_init() { return {Init::Kind::zeros, 0}; }
 inline Init ones_init() { return {Init::Kind::ones, 0}; }
+inline Init constant_init(double value) { return {Init::Kind::constant, value}; }
 
 // Names an intermediate so that tactics can select it by name.
 inline Tensor tag(Tensor t, const std::string& name) {

@@ -82,8 +82,8 @@ inline std::string_view name_of(CompareDir d) {
 // How a parameter or optimizer-state input is initialized by init_inputs(); part of the program so that
 // every backend and every shard layout initializes the same global values.
 struct Init {
-  enum class Kind : std::uint8_t { zeros, ones, normal, uniform } kind = Kind::zeros;
-  double scale = 0;  // normal: stddev; uniform: half-width
+  enum class Kind : std::uint8_t { zeros, ones, normal, uniform, constant } kind = Kind::zeros;
+  double scale = 0;  // normal: stddev; uniform: half-width; constant: the value
   friend bool operator==(const Init&, const Init&) = default;
 };
 

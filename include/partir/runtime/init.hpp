@@ -45,6 +45,7 @@ inline double init_value(const Init& init, std::uint64_t stream, std::uint64_t i
   switch (init.kind) {
     case Init::Kind::zeros: return 0;
     case Init::Kind::ones: return 1;
+    case Init::Kind::constant: return init.scale;
     case Init::Kind::uniform: return init.scale * (2 * unit_uniform(stream, i) - 1);
     case Init::Kind::normal: {
       const std::uint64_t pair = i & ~std::uint64_t{1};

@@ -15,13 +15,16 @@
 namespace partir {
 
 // What a resident buffer holds. Inputs by their InputKind; an output that updates an input takes that
-// input's kind (new parameters, new optimizer state); a collective's result is a collective buffer; other
-// intermediates are activations when some plain output (the loss) depends on them, else gradients (the
-// backward pass and the optimizer's arithmetic).
-enum class MemoryKind : std::uint8_t { parameters, optimizer_state, data, activations, gradients, collective_buffers, count_ };
+// input's kind (new parameters, new optimizer state); a parameter's cast to another dtype (a mixed-precision
+// policy's 16-bit copy of its master weights) is a parameter copy; a collective's result is a collective
+// buffer; other intermediates are activations when some plain output (the loss) depends on them, else
+// gradients (the backward pass and the optimizer's arithmetic).
+enum class MemoryKind : std::uint8_t {
+  parameters, parameter_copies, optimizer_state, data, activations, gradients, collective_buffers, count_
+};
 
 inline std::string_view name_of(MemoryKind k) {
-  static constexpr std::array<std::string_view, 6> names{"parameters", "optimizer_state", "data",
+  static constexpr std::array<std::string_view, 7> names{"parameters", "parameter_copies", "optimizer_state", "data",
                                                          "activations", "gradients", "collective_buffers"};
   return names[static_cast<std::size_t>(k)];
 }

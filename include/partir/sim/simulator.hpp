@@ -36,6 +36,8 @@ inline std::vector<MemoryKind> memory_kinds(const SpmdProgram& p) {
     const SpmdOp& s = p.op(static_cast<ValueId>(v));
     if (is_program_input(s)) kinds[v] = kind_of_input(s.op.attrs.input_kind);
     else if (s.collective) kinds[v] = MemoryKind::collective_buffers;
+    else if (s.op.kind == OpKind::convert && kinds[static_cast<std::size_t>(s.op.operands[0])] == MemoryKind::parameters)
+      kinds[v] = MemoryKind::parameter_copies;
     else if (forward[v]) kinds[v] = MemoryKind::activations;
   }
   for (const auto& o : p.outputs()) {

@@ -81,8 +81,11 @@ template <class F> decltype(auto) visit_math_dtype(DType t, F&& f) {
 template <class H> float widen(H x) { return static_cast<float>(x); }
 template <class H> H narrow(float x) { return H(x); }
 template <class H> H narrow(double x) {
+  if (std::isnan(x)) return H(std::numeric_limits<float>::quiet_NaN());
+  if (std::fabs(x) > std::numeric_limits<float>::max())  // past any 16-bit float's range too
+    return H(std::copysign(std::numeric_limits<float>::infinity(), static_cast<float>(x > 0 ? 1 : -1)));
   float f = static_cast<float>(x);
-  if (std::isnan(x) || std::isinf(x) || static_cast<double>(f) == x) return H(f);
+  if (static_cast<double>(f) == x) return H(f);
   if (std::fabs(static_cast<double>(f)) > std::fabs(x)) f = std::nextafter(f, 0.0f);
   return H(std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) | 1u));
 }
