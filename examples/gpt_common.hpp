@@ -3,6 +3,8 @@
 // text, and the choice of the next byte.
 #include <partir/partir.hpp>
 
+#include "recipe.hpp"
+
 #include <cmath>
 #include <fstream>
 #include <numeric>
@@ -43,11 +45,34 @@ inline p::NamedArrays batch_at(const std::string& text, std::int64_t batch, std:
   return {{"tokens", p::Array({batch, seq}, std::move(tokens))}, {"targets", p::Array({batch, seq}, std::move(targets))}};
 }
 
-inline p::Program train_program(const p::nn::Gpt& model, std::int64_t batch, double lr,
+inline p::Program train_program(const p::nn::Gpt& model, std::int64_t batch, const examples::Recipe& recipe,
                                  const p::MixedPrecision& precision = {}) {
   const auto seq = model.config.seq;
-  return p::train_step([&](p::Tensor tokens, p::Tensor targets) { return model.loss(tokens, targets); }, p::Adam{lr},
-                       {{"tokens", {batch, seq}, p::DType::i32}, {"targets", {batch, seq}, p::DType::i32}}, precision);
+  return recipe.train_step([&](p::Tensor tokens, p::Tensor targets) { return model.loss(tokens, targets); },
+                           {{"tokens", {batch, seq}, p::DType::i32}, {"targets", {batch, seq}, p::DType::i32}}, precision);
+}
+
+// The loss alone (forward only), on the parameters a train program updates: the validation program.
+inline p::Program eval_program(const p::nn::Gpt& model, std::int64_t batch, const p::MixedPrecision& precision = {}) {
+  const auto seq = model.config.seq;
+  const p::PrecisionScope policy(precision);
+  return p::trace(
+      "gpt_eval",
+      [&](p::Tensor tokens, p::Tensor targets) {
+        return p::NamedTensors{{"loss", p::convert(model.loss(tokens, targets), precision.output)}};
+      },
+      {{"tokens", {batch, seq}, p::DType::i32}, {"targets", {batch, seq}, p::DType::i32}});
+}
+
+// Splits the corpus: the first (1 - holdout) for training, the rest for validation (each longer than a window).
+inline std::pair<std::string, std::string> split_corpus(const std::string& text, double holdout, std::int64_t seq) {
+  if (!(holdout >= 0 && holdout < 1)) p::user_error("--holdout: expected a fraction in [0, 1), got " + std::to_string(holdout));
+  const auto cut = static_cast<std::size_t>(static_cast<double>(text.size()) * (1 - holdout));
+  const auto window = static_cast<std::size_t>(seq) + 1;
+  if (holdout > 0 && (cut <= window || text.size() - cut <= window))
+    p::user_error("--holdout " + std::to_string(holdout) + ": both parts of the corpus (" + std::to_string(text.size()) +
+                  " bytes) must hold a window of " + std::to_string(window) + " bytes");
+  return {text.substr(0, cut), text.substr(cut)};
 }
 
 // tokens [batch, seq] -> "logits" [batch, vocab] of the byte after each window. Generation slides the window

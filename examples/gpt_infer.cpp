@@ -59,7 +59,9 @@ int main(int argc, char** argv) {
                             .multi_query = true}};
     const std::string text = gpt::load_corpus(corpus_path, seq);
     const p::Mesh mesh = p::Mesh::parse(mesh_text);
-    const p::Program step = gpt::train_program(model, batch, lr);
+    examples::Recipe recipe;
+    recipe.lr = lr;
+    const p::Program step = gpt::train_program(model, batch, recipe);
     const p::SpmdProgram train_spmd = p::lower(p::partition(step, mesh, p::parse_schedule(train_schedule_text)));
     const p::Program next = gpt::next_token_program(model, prompts);
     const p::SpmdProgram decode = p::lower(p::partition(next, mesh, p::parse_schedule(schedule_text)));

@@ -24,7 +24,6 @@ int main(int argc, char** argv) {
   const long heads = args.get_int("heads", 4, "attention heads");
   const long tied = args.get_int("tied", 1, "1: output projection is the token table; 0: its own weights");
   const long seed = args.get_int("seed", 0, "seed of parameters, batches and sampling");
-  const double lr = args.get_double("lr", 3e-3, "Adam learning rate");
   const std::string corpus_path = args.get("corpus", PARTIR_GPT_CORPUS, "training text");
   const std::string mesh_text = args.get("mesh", "batch=1", "device mesh, axes major to minor");
   const std::string schedule_text =
@@ -34,6 +33,10 @@ int main(int argc, char** argv) {
   const std::string report_file = args.get("report-file", "gpt_train_report.json", "where --report json writes");
   const long sample = args.get_int("sample", 0, "bytes to generate after training");
   const double temperature = args.get_double("temperature", 0, "sampling temperature; 0 picks the likeliest byte");
+  const examples::Recipe recipe = examples::recipe_flags(args, steps, 3e-3);
+  const double holdout = args.get_double("holdout", 0.1, "fraction of the corpus held out for validation (0: none)");
+  const long eval_every = args.get_int("eval-every", 0, "a validation loss every N steps (0: steps/5) and after the last");
+  const long eval_batches = args.get_int("eval-batches", 4, "held-out batches per validation");
   const long log_every = examples::log_every_flag(args, steps);
   const p::MixedPrecision precision = examples::precision_flag(args);
   const examples::CheckpointOptions checkpoint = examples::checkpoint_flags(args);
@@ -44,19 +47,36 @@ int main(int argc, char** argv) {
     const p::nn::Gpt model{{.vocab = 256, .seq = seq, .d_model = dmodel, .heads = heads, .layers = layers,
                             .tied = tied != 0}};
     const std::string text = gpt::load_corpus(corpus_path, seq);
-    const p::Program step = gpt::train_program(model, batch, lr, precision);
+    if (eval_batches < 1) p::user_error("--eval-batches: expected >= 1, got " + std::to_string(eval_batches));
+    const auto [train_text, held_out] = gpt::split_corpus(text, holdout, seq);
+    const p::Program step = gpt::train_program(model, batch, recipe, precision);
     const p::Mesh mesh = p::Mesh::parse(mesh_text);
     const p::SpmdProgram spmd = p::lower(examples::partition_and_report(step, mesh, p::parse_schedule(schedule_text)));
-    const examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), batch * seq,
-                                        report == "json" ? report_file : "",
-                                        "gpt_train mesh " + mesh.to_string() + " schedule " + schedule_text +
-                                            " backend " + backend + " precision " + std::string(name_of(precision.compute)),
-                                        checkpoint, log_every};
-    auto next_batch = [&](long s) { return gpt::batch_at(text, batch, seq, static_cast<std::uint64_t>(seed), s); };
+    // Validation: the loss alone, partitioned by the same schedule (ZeRO-2 shards only optimizer state, which
+    // the forward pass does not read).
+    const p::Program eval = gpt::eval_program(model, batch, precision);
+    const p::SpmdProgram eval_spmd = p::lower(p::partition(eval, mesh, p::parse_schedule(examples::without_tactic(schedule_text, "z2"))));
+    examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), batch * seq,
+                                  report == "json" ? report_file : "",
+                                  "gpt_train mesh " + mesh.to_string() + " schedule " + schedule_text +
+                                      " backend " + backend + " precision " + std::string(name_of(precision.compute)),
+                                  checkpoint, log_every, recipe, eval_every > 0 ? eval_every : std::max(1L, steps / 5)};
+    auto next_batch = [&](long s) { return gpt::batch_at(train_text, batch, seq, static_cast<std::uint64_t>(seed), s); };
 
     auto run = [&]<p::Communicator C>(C& comm) {
       const p::Executable exe(spmd, comm);
-      const examples::Trained trained = examples::train(exe, next_batch, options);
+      const p::Executable evaluator(eval_spmd, comm);
+      examples::LoopOptions o = options;
+      if (holdout > 0)  // the mean loss of the same held-out batches each time
+        o.validate = [&](const p::NamedArrays& state) {
+          p::NamedArrays params = examples::state_for(evaluator, exe, state);
+          double total = 0;
+          for (long b = 1; b <= eval_batches; ++b)
+            total += evaluator.step(params, gpt::batch_at(held_out, batch, seq, static_cast<std::uint64_t>(seed), -b))
+                         .outputs.at("loss").at(0);
+          return total / static_cast<double>(eval_batches);
+        };
+      const examples::Trained trained = examples::train(exe, next_batch, o);
       if (sample <= 0) return;
       p::NamedArrays state = exe.gather_state(trained.state);
       if (comm.device() != 0) return;

@@ -24,9 +24,9 @@ int main(int argc, char** argv) {
   const long hidden = args.get_int("hidden", 256, "hidden layer width");
   const long features = args.get_int("features", 16, "input and output features");
   const long seed = args.get_int("seed", 0, "seed of parameters and data");
-  const double lr = args.get_double("lr", 3e-3, "Adam learning rate");
   const std::string mesh_text = args.get("mesh", "batch=2,model=2", "device mesh, axes major to minor");
   const std::string schedule_text = args.get("schedule", "bp,mp,z3", "tactics in order: bp, mp, z2, z3, auto:model (comma-separated), or none");
+  const examples::Recipe recipe = examples::recipe_flags(args, steps, 3e-3);
   const long log_every = examples::log_every_flag(args, steps);
   const p::MixedPrecision precision = examples::precision_flag(args);
   const bool check = !args.get_flag("no-check", "skip the check against the single-device program after training");
@@ -38,8 +38,8 @@ int main(int argc, char** argv) {
 
   try {
     p::nn::Mlp model{"params/mlp", {features, hidden, hidden, features}};
-    const p::Program step = p::train_step([&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); },
-                                          p::Adam{lr}, {{"x", {batch, features}}, {"y", {batch, features}}}, precision);
+    const p::Program step = recipe.train_step([&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); },
+                                              {{"x", {batch, features}}, {"y", {batch, features}}}, precision);
     const p::Mesh mesh = p::Mesh::parse(mesh_text);
     const p::Partitioned plan = examples::partition_and_report(step, mesh, p::parse_schedule(schedule_text));
     const p::SpmdProgram spmd = p::lower(plan);
@@ -67,7 +67,7 @@ int main(int argc, char** argv) {
                                   report == "json" ? report_file : "",
                                   "mlp_train mesh " + mesh.to_string() + " schedule " + schedule_text + " backend " + backend +
                                       " precision " + std::string(name_of(precision.compute)),
-                                  checkpoint, log_every};
+                                  checkpoint, log_every, recipe};
     // The same steps on one device (the interpreter, from the same initial state and batches): the partitioned
     // run must end with the same parameters and loss, up to float rounding in a different order.
     if (check)
@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
         for (long s = 1; s <= steps; ++s) {
           p::NamedArrays in = state;
           in.merge(next_batch(s));
+          in.merge(recipe.step_inputs(s));
           p::NamedArrays out = p::interpret(step, in);
           single_loss = out.at("loss").at(0);
           p::carry_state(step, state, std::move(out));

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "cli.hpp"
+#include "recipe.hpp"
 
 namespace examples {
 
@@ -67,6 +68,11 @@ struct LoopOptions {
   std::string label;         // mesh, schedule and backend, for the report
   CheckpointOptions checkpoint = {};
   long log_every = 1;        // a progress line every N steps (and after the last); on a terminal, a live line between
+  Recipe recipe = {};        // feeds each step's learning-rate scale; the progress line shows the rate
+  // Every validate_every steps (and after the last), every device calls validate(state) and device 0 prints
+  // and reports the loss it returns (a held-out set through a forward-only program).
+  long validate_every = 0;
+  std::function<double(const p::NamedArrays& state)> validate = {};
   // Called on device 0 after the last step of a run that started at step 1, with the trained state made
   // whole and the last loss: the example checks them against the single-device program.
   std::function<void(const p::NamedArrays& trained, double loss)> check_single_device = {};
@@ -124,8 +130,11 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
   const bool live = lead && isatty(STDOUT_FILENO);  // a line redrawn each step, as progress bars do
   const auto started = std::chrono::steady_clock::now();
   auto drawn = started - std::chrono::seconds(1);
+  std::vector<double> losses, validation;
+  std::vector<long> validated_at;
   for (long s = first; s <= o.steps; ++s) {
-    const p::NamedArrays batch = next_batch(s);
+    p::NamedArrays batch = next_batch(s);
+    batch.merge(o.recipe.step_inputs(s));
     comm.barrier();  // time the step, not the previous step's stragglers
     const auto t0 = std::chrono::steady_clock::now();
     const p::DeviceResult r = exe.step(state, batch);
@@ -133,6 +142,8 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
     step_ms.push_back(ms);
     peak = std::max(peak, r.peak_bytes);
     loss = r.outputs.at("loss").at(0);
+    losses.push_back(loss);
+    const auto norm = r.outputs.find("grad_norm");
     if (!ck.dir.empty() && (s == o.steps || (ck.every > 0 && s % ck.every == 0)))
       p::checkpoint::save(ck.dir, spmd, comm, state, s);
     const bool logged = s % std::max(1L, o.log_every) == 0 || s == o.steps;
@@ -145,10 +156,18 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
                 << std::setprecision(4) << ms << " ms  " << o.tokens_per_step / (ms / 1e3) << " tokens/s  ETA "
                 << std::setprecision(3) << eta << " s" << std::flush;
     }
-    if (lead && logged)
-      std::cout << (live ? "\r\033[K" : "") << "step " << s << " loss " << std::setprecision(6) << loss << " ms "
-                << std::setprecision(4) << ms << " tokens/s " << std::setprecision(4)
+    if (lead && logged) {
+      std::cout << (live ? "\r\033[K" : "") << "step " << s << " loss " << std::setprecision(6) << loss << " lr "
+                << std::setprecision(3) << o.recipe.learning_rate(s);
+      if (norm != r.outputs.end()) std::cout << " grad_norm " << std::setprecision(4) << norm->second.at(0);
+      std::cout << " ms " << std::setprecision(4) << ms << " tokens/s " << std::setprecision(4)
                 << o.tokens_per_step / (ms / 1e3) << std::endl;
+    }
+    if (o.validate && (s == o.steps || (o.validate_every > 0 && s % o.validate_every == 0))) {
+      validation.push_back(o.validate(state));
+      validated_at.push_back(s);
+      if (lead) std::cout << "step " << s << " validation loss " << std::setprecision(6) << validation.back() << std::endl;
+    }
   }
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (o.check_single_device && first == 1) {
@@ -179,6 +198,13 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
       std::ofstream f(o.report_file);
       f << "{\n  \"run\": \"" << json_escape(o.label) << "\",\n  \"final_loss\": " << loss << ",\n  \"step_ms\": [";
       for (std::size_t i = 0; i < step_ms.size(); ++i) f << (i ? ", " : "") << step_ms[i];
+      f << "],\n  \"first_step\": " << first << ",\n  \"train_loss\": [";
+      for (std::size_t i = 0; i < losses.size(); ++i) f << (i ? ", " : "") << losses[i];
+      f << "],\n  \"learning_rate\": [";
+      for (long s = first; s <= o.steps; ++s) f << (s > first ? ", " : "") << o.recipe.learning_rate(s);
+      f << "],\n  \"validation\": [";
+      for (std::size_t i = 0; i < validation.size(); ++i)
+        f << (i ? ", " : "") << "{\"step\": " << validated_at[i] << ", \"loss\": " << validation[i] << "}";
       f << "],\n  \"peak_bytes_per_device\": [";
       for (std::size_t i = 0; i < peaks.size(); ++i) f << (i ? ", " : "") << static_cast<std::int64_t>(peaks[i]);
       f << "],\n  \"predicted\": {\"profile\": \"" << json_escape(profile.name)
@@ -196,6 +222,34 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
     }
   }
   return {loss, std::move(state)};
+}
+
+// The pieces of `state` (a state of `from`) that `to` reads: as they are where both programs lay an array
+// out alike, else gathered whole and cut again (a collective; every device takes the same branch).
+template <p::Communicator C>
+p::NamedArrays state_for(const p::Executable<C>& to, const p::Executable<C>& from, const p::NamedArrays& state) {
+  p::NamedArrays out;
+  for (const auto& b : to.spmd().inputs()) {
+    if (!state.contains(b.name)) continue;
+    const auto& theirs = from.spmd().inputs();
+    const auto it = std::find_if(theirs.begin(), theirs.end(), [&](const auto& t) { return t.name == b.name; });
+    if (it == theirs.end() || it->sharding != b.sharding) return to.shard_state(from.gather_state(state));
+    out[b.name] = state.at(b.name);
+  }
+  return out;
+}
+
+// A --schedule without one of its tactics ("bp,z2" without z2: "bp").
+inline std::string without_tactic(const std::string& schedule, const std::string& tactic) {
+  std::string out;
+  std::size_t start = 0;
+  while (start <= schedule.size()) {
+    const auto end = std::min(schedule.find(',', start), schedule.size());
+    const std::string item = schedule.substr(start, end - start);
+    if (item != tactic) out += (out.empty() ? "" : ",") + item;
+    start = end + 1;
+  }
+  return out.empty() ? "none" : out;
 }
 
 // Whether this process prints what every process computes alike: not an MPI rank other than 0.

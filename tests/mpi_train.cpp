@@ -2,7 +2,9 @@
 // the outputs the single-device interpreter computes, step after step (state carried as local shards), by
 // execute() and by an Executable. With PRECISION bf16 or f16 (MixedPrecision) the single-device program is the
 // same 16-bit program; partial sums rounded at other points allow a few 16-bit ulps (see test_transformer).
-// usage: mpi_train MESH SCHEDULE [PRECISION]
+// With RECIPE "recipe", the step is AdamW with gradients clipped to a global norm and a learning rate fed
+// each step (StepOptions): the clipping's norm is reduced across the ranks that split the gradients.
+// usage: mpi_train MESH SCHEDULE [PRECISION [RECIPE]]
 #include <partir/partir.hpp>
 #include <partir/runtime/mpi.hpp>
 
@@ -13,16 +15,24 @@ namespace p = partir;
 
 int main(int argc, char** argv) {
   p::mpi::Session session(argc, argv);
-  if (argc != 3 && argc != 4) {
-    std::fprintf(stderr, "usage: mpi_train MESH SCHEDULE [PRECISION]\n");
+  if (argc < 3 || argc > 5) {
+    std::fprintf(stderr, "usage: mpi_train MESH SCHEDULE [PRECISION [RECIPE]]\n");
     return 2;
   }
   try {
-    const p::MixedPrecision precision = p::MixedPrecision::parse(argc == 4 ? argv[3] : "f32");
+    const p::MixedPrecision precision = p::MixedPrecision::parse(argc >= 4 ? argv[3] : "f32");
+    const bool recipe = argc == 5 && std::string(argv[4]) == "recipe";
+    if (argc == 5 && !recipe) throw p::UserError(std::string("RECIPE: expected 'recipe', got '") + argv[4] + "'");
     const double tolerance = precision.compute == p::DType::f32 ? 1e-5 : 3e-2;
     p::nn::Mlp model{"params/mlp", {8, 32, 16, 8}};
-    const p::Program step = p::train_step([&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); },
-                                          p::Adam{1e-2}, {{"x", {16, 8}}, {"y", {16, 8}}}, precision);
+    auto loss = [&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); };
+    const std::vector<p::InputSpec> data{{"x", {16, 8}}, {"y", {16, 8}}};
+    const p::Program step =
+        recipe ? p::train_step(loss, p::AdamW{.learning_rate = 1e-2, .weight_decay = 0.1}, data,
+                               p::StepOptions{precision, 0.1, true})  // a norm the gradients exceed: clipped
+               : p::train_step(loss, p::Adam{1e-2}, data, precision);
+    const p::LRSchedule schedule = p::LRSchedule::warmup(2).then_cosine(2);
+    auto lr_scale = [&](int s) { return p::Array({}, std::vector<double>{schedule.at(s)}); };
     const p::SpmdProgram spmd = p::lower(p::partition(step, p::Mesh::parse(argv[1]), p::parse_schedule(argv[2])));
     p::mpi::Communicator comm;
     p::NamedArrays state = p::init_inputs(step, 3, true), local;
@@ -30,6 +40,8 @@ int main(int argc, char** argv) {
       local[b.name] = p::layout::shard(state.at(b.name), b.sharding, spmd.mesh(), comm.device());
     double worst = 0;
     for (int s = 0; s < 3; ++s) {
+      if (recipe) state.insert_or_assign(p::StepOptions::lr_scale_name, lr_scale(s));
+      if (recipe) local.insert_or_assign(p::StepOptions::lr_scale_name, lr_scale(s));
       p::NamedArrays expect = p::interpret(step, state);
       p::DeviceResult got = p::execute(spmd, comm, local, {.global_inputs = false, .global_outputs = false});
       for (const auto& b : spmd.outputs()) {
@@ -45,7 +57,10 @@ int main(int argc, char** argv) {
     // state must equal what the interpreter carried.
     const p::Executable exe(spmd, comm);
     p::NamedArrays pieces = exe.init(3), batch{{"x", state.at("x")}, {"y", state.at("y")}};
-    for (int s = 0; s < 3; ++s) exe.step(pieces, batch);
+    for (int s = 0; s < 3; ++s) {
+      if (recipe) batch.insert_or_assign(p::StepOptions::lr_scale_name, lr_scale(s));
+      exe.step(pieces, batch);
+    }
     for (const auto& [name, have] : exe.gather_state(pieces)) {
       const p::Array& want = state.at(name);
       for (std::int64_t i = 0; i < want.size(); ++i)
@@ -54,8 +69,8 @@ int main(int argc, char** argv) {
     double all = 0;
     MPI_Allreduce(&worst, &all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (comm.device() == 0)
-      std::printf("mpi_train %s %s %s: %zu collectives, max relative error %.3g over 3 steps\n", argv[1], argv[2],
-                  std::string(p::name_of(precision.compute)).c_str(), spmd.collectives().size(), all);
+      std::printf("mpi_train %s %s %s%s: %zu collectives, max relative error %.3g over 3 steps\n", argv[1], argv[2],
+                  std::string(p::name_of(precision.compute)).c_str(), recipe ? " recipe" : "", spmd.collectives().size(), all);
     return all < tolerance ? 0 : 1;
   } catch (const p::UserError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -455,3 +455,144 @@ TEST_CASE("train_step: an MLP learns") {
     CHECK(final_over_first(step) < 0.1);
   }
 }
+
+// ---- the training recipe: AdamW, SGD with momentum, global-norm clipping, learning-rate schedules ----
+
+namespace {
+// loss = sum(k * (w - t)^2) + sum(c * (m - T)^2) over a vector w (no decay by default) and a matrix m.
+const std::vector<double> c_coef{0.5, 1, 1.5, 2, 2.5, 3}, m_target{1, -1, 0.5, 0, 2, -2}, m0{0.3, 0.2, -0.1, 1, 1.5, -0.5};
+
+Tensor two_params() {
+  const Tensor q = quadratic();
+  Tensor m = param("m", {2, 3}, zeros_init(), DType::f64);
+  Program& p = m.program();
+  Tensor d = m - constant(p, m_target, {2, 3}, DType::f64);
+  return q + sum(constant(p, c_coef, {2, 3}, DType::f64) * d * d);
+}
+
+// The gradients of two_params at (w, m), concatenated: w's 3 then m's 6.
+std::vector<double> two_params_grad(const std::vector<double>& x) {
+  std::vector<double> g(9);
+  for (std::size_t i = 0; i < 3; ++i) g[i] = 2 * k_coef[i] * (x[i] - target[i]);
+  for (std::size_t i = 0; i < 6; ++i) g[3 + i] = 2 * c_coef[i] * (x[3 + i] - m_target[i]);
+  return g;
+}
+
+// torch.nn.utils.clip_grad_norm_: scale by min(1, max / (norm + 1e-6)); returns the norm before.
+double clip_by_hand(std::vector<double>& g, double max_norm) {
+  double sq = 0;
+  for (double x : g) sq += x * x;
+  const double norm = std::sqrt(sq), coef = std::min(1.0, max_norm / (norm + 1e-6));
+  for (double& x : g) x *= coef;
+  return norm;
+}
+
+// Steps of `step` from (w0, m0) fed the scale of `schedule`; each step's outputs.
+std::vector<NamedArrays> run_scheduled(const Program& step, const LRSchedule& schedule, int steps) {
+  NamedArrays state = init_inputs(step, 0);
+  state.at("w") = Array({3}, w0);
+  state.at("m") = Array({2, 3}, m0);
+  std::vector<NamedArrays> outs;
+  for (int t = 0; t < steps; ++t) {
+    state.insert_or_assign(StepOptions::lr_scale_name, Array({}, std::vector<double>{schedule.at(t)}));
+    outs.push_back(interpret(step, state));
+    for (const auto& o : step.outputs())
+      if (!o.updates.empty()) state.at(o.updates) = outs.back().at(o.name);
+  }
+  return outs;
+}
+
+void check_params(const NamedArrays& out, const std::vector<double>& x, double tol) {
+  for (std::int64_t i = 0; i < 3; ++i) CHECK(out.at("w").at(i) == doctest::Approx(x[static_cast<std::size_t>(i)]).epsilon(tol));
+  for (std::int64_t i = 0; i < 6; ++i) CHECK(out.at("m").at(i) == doctest::Approx(x[static_cast<std::size_t>(3 + i)]).epsilon(tol));
+}
+}  // namespace
+
+TEST_CASE("lr schedules: warmup, then cosine or linear decay, held at the end") {
+  const LRSchedule s = LRSchedule::warmup(3).then_cosine(4, 0.1);
+  const std::vector<double> expect{0.25, 0.5, 0.75, 1, 0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI / 4)), 0.55,
+                                   0.1 + 0.9 * 0.5 * (1 + std::cos(3 * M_PI / 4)), 0.1, 0.1};
+  for (std::size_t t = 0; t < expect.size(); ++t) CHECK(s.at(static_cast<long>(t)) == doctest::Approx(expect[t]).epsilon(1e-15));
+  CHECK(s.steps() == 7);
+  CHECK(LRSchedule::parse("warmup_cosine", 3, 7, 0.1, "--lr-schedule") == s);
+  const LRSchedule linear = LRSchedule::parse("linear", 0, 4, 0, "--lr-schedule");
+  CHECK(linear == LRSchedule::constant().then_linear(4, 0));
+  CHECK(linear.at(0) == 1);
+  CHECK(linear.at(2) == 0.5);
+  CHECK(linear.at(9) == 0);
+  CHECK(LRSchedule::parse("warmup", 4, 10, 0, "--lr-schedule").at(9) == 1);
+  CHECK(LRSchedule::constant().at(1000) == 1);
+}
+
+TEST_CASE("optimizer: AdamW with global-norm clipping and a warmup-cosine schedule, by hand") {
+  const AdamW adamw{.learning_rate = 0.1, .beta1 = 0.8, .beta2 = 0.9, .eps = 1e-8, .weight_decay = 0.2};
+  const LRSchedule schedule = LRSchedule::warmup(2).then_cosine(3, 0.1);
+  StepOptions options;
+  options.clip_norm = 2.0;  // the gradient norm starts near 9: clipped on every step
+  options.scheduled_learning_rate = true;
+  const Program step = train_step(two_params, adamw, {}, options);
+  std::vector<std::string> names;
+  for (const auto& o : step.outputs()) names.push_back(o.name);
+  CHECK(names == std::vector<std::string>{"loss", "grad_norm", "w", "m", "opt/adam/step", "opt/adam/m/w",
+                                          "opt/adam/v/w", "opt/adam/m/m", "opt/adam/v/m"});
+  const auto outs = run_scheduled(step, schedule, 6);
+
+  std::vector<double> x = w0, m(9, 0), v(9, 0);
+  x.insert(x.end(), m0.begin(), m0.end());
+  int clipped = 0;
+  for (int t = 1; t <= 6; ++t) {
+    std::vector<double> g = two_params_grad(x);
+    const double norm = clip_by_hand(g, 2.0);
+    clipped += norm > 2.0;
+    const double lr = adamw.learning_rate * schedule.at(t - 1);
+    for (std::size_t i = 0; i < 9; ++i) {
+      if (i >= 3) x[i] *= 1 - lr * adamw.weight_decay;  // only the matrix decays
+      m[i] = adamw.beta1 * m[i] + (1 - adamw.beta1) * g[i];
+      v[i] = adamw.beta2 * v[i] + (1 - adamw.beta2) * g[i] * g[i];
+      const double m_hat = m[i] / (1 - std::pow(adamw.beta1, t)), v_hat = v[i] / (1 - std::pow(adamw.beta2, t));
+      x[i] -= lr * m_hat / (std::sqrt(v_hat) + adamw.eps);
+    }
+    CAPTURE(t);
+    CHECK(outs[static_cast<std::size_t>(t - 1)].at("grad_norm").at(0) == doctest::Approx(norm).epsilon(1e-12));
+    check_params(outs[static_cast<std::size_t>(t - 1)], x, 1e-12);
+  }
+  CHECK(clipped == 6);
+}
+
+TEST_CASE("optimizer: SGD with momentum, Nesterov and weight decay, clipped, by hand") {
+  for (const bool nesterov : {false, true}) {
+    CAPTURE(nesterov);
+    const SGD sgd{.learning_rate = 0.05, .momentum = 0.9, .weight_decay = 0.1, .nesterov = nesterov};
+    StepOptions options;
+    options.clip_norm = 5.0;
+    options.scheduled_learning_rate = true;
+    const LRSchedule schedule = LRSchedule::constant().then_linear(4, 0.5);
+    const Program step = train_step(two_params, sgd, {}, options);
+    CHECK(step.find_input("opt/sgd/momentum/m"));
+    const auto outs = run_scheduled(step, schedule, 4);
+    std::vector<double> x = w0, b(9, 0);
+    x.insert(x.end(), m0.begin(), m0.end());
+    for (int t = 1; t <= 4; ++t) {
+      std::vector<double> g = two_params_grad(x);
+      clip_by_hand(g, 5.0);
+      for (std::size_t i = 0; i < 9; ++i) {
+        double d = g[i] + sgd.weight_decay * x[i];
+        b[i] = sgd.momentum * b[i] + d;
+        d = nesterov ? d + sgd.momentum * b[i] : b[i];
+        x[i] -= sgd.learning_rate * schedule.at(t - 1) * d;
+      }
+      CAPTURE(t);
+      check_params(outs[static_cast<std::size_t>(t - 1)], x, 1e-12);
+    }
+  }
+}
+
+TEST_CASE("optimizer: AdamW's decay selector picks the parameters that decay") {
+  const Program step = train_step(two_params, AdamW{.learning_rate = 0.1, .weight_decay = 0.5, .decay = {"w"}}, {});
+  NamedArrays state = init_inputs(step, 0);
+  state.at("w") = Array({3}, target);  // at the minimum: zero gradient, so only decay moves w
+  state.at("m") = Array({2, 3}, m_target);
+  const NamedArrays out = interpret(step, state);
+  for (std::int64_t i = 0; i < 3; ++i) CHECK(out.at("w").at(i) == doctest::Approx(target[static_cast<std::size_t>(i)] * 0.95));
+  for (std::int64_t i = 0; i < 6; ++i) CHECK(out.at("m").at(i) == m_target[static_cast<std::size_t>(i)]);
+}

@@ -443,3 +443,50 @@ TEST_CASE("catalog: a compiled step's state and batch") {
                        }),
                        "program 'train_step' (device 0): gather_state: the state has no 'params/mlp/w2'", UserError);
 }
+
+TEST_CASE("catalog: the training recipe") {
+  nn::Mlp model{"params/mlp", {8, 32, 8}};
+  auto loss = [&](Tensor x, Tensor y) { return mse(model(x), y); };
+  const std::vector<InputSpec> data{{"x", {16, 8}}, {"y", {16, 8}}};
+  // E85 a negative learning rate
+  CHECK_THROWS_WITH_AS(train_step(loss, AdamW{.learning_rate = -1e-3}, data),
+                       "AdamW: learning_rate -0.001 is out of range (a learning rate is >= 0)", UserError);
+  CHECK_THROWS_WITH_AS(train_step(loss, SGD{-0.1}, data), "SGD: learning_rate -0.1 is out of range (a learning rate is >= 0)",
+                       UserError);
+  // E86 a negative weight decay, and Nesterov without momentum
+  CHECK_THROWS_WITH_AS(train_step(loss, AdamW{.weight_decay = -0.1}, data),
+                       "AdamW: weight_decay -0.1 is out of range (a weight decay is >= 0)", UserError);
+  CHECK_THROWS_WITH_AS(train_step(loss, SGD{.learning_rate = 0.1, .nesterov = true}, data),
+                       "SGD: nesterov needs a momentum > 0", UserError);
+  // E87 a gradient clip at or below zero
+  StepOptions clip;
+  clip.clip_norm = 0;
+  CHECK_THROWS_WITH_AS(train_step(loss, Adam{}, data, clip),
+                       "train_step 'train_step': clip_norm 0 (a gradient norm limit is > 0)", UserError);
+  // E88 a warmup not shorter than the run, and a warmup given to a schedule without one
+  CHECK_THROWS_WITH_AS(LRSchedule::parse("warmup_cosine", 100, 100, 0.1, "--lr-schedule"),
+                       "--lr-schedule warmup_cosine: warmup of 100 steps is not shorter than the run (100 steps)",
+                       UserError);
+  CHECK_THROWS_WITH_AS(LRSchedule::parse("cosine", 10, 100, 0.1, "--lr-schedule"),
+                       "--lr-schedule cosine: a warmup of 10 steps needs a warmup schedule (warmup, warmup_cosine or "
+                       "warmup_linear)",
+                       UserError);
+  // E89 an AdamW decay selector that matches no parameter (a typo)
+  CHECK_THROWS_WITH_AS(train_step(loss, AdamW{.decay = {"params/mlp/w1", "params/mpl/**"}}, data),
+                       "train_step 'train_step': AdamW decay selector 'params/mpl/**' matches no parameter (parameters "
+                       "are named like 'params/mlp/w1')",
+                       UserError);
+  // E90 an unknown schedule name, and a schedule phase of no steps
+  CHECK_THROWS_WITH_AS(LRSchedule::parse("cosine_warmup", 0, 100, 0.1, "--lr-schedule"),
+                       "--lr-schedule: unknown schedule 'cosine_warmup' (expected constant, warmup, cosine, linear, "
+                       "warmup_cosine or warmup_linear)",
+                       UserError);
+  CHECK_THROWS_WITH_AS(LRSchedule::warmup(0), "LRSchedule: a phase of 0 steps (a phase lasts >= 1 step)", UserError);
+  // E91 a scheduled step run without its learning-rate scale: the missing data input is named
+  StepOptions scheduled;
+  scheduled.scheduled_learning_rate = true;
+  const Program step = train_step(loss, Adam{}, data, scheduled);
+  NamedArrays in = inputs_of(step);
+  in.erase(StepOptions::lr_scale_name);
+  CHECK_THROWS_WITH_AS(interpret(step, in), "interpret train_step: missing input 'opt/lr_scale'", UserError);
+}

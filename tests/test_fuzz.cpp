@@ -38,7 +38,7 @@ struct Step {
 
 struct Recipe {
   std::vector<Step> steps;
-  int mode = 0;  // 0: forward outputs; 1: value_and_grad of sum(last^2); 2: Adam train step on that loss
+  int mode = 0;  // 0: forward outputs; 1: value_and_grad of sum(last^2); 2: Adam train step on that loss, clipped
 };
 
 std::string shape_code(const Shape& s) {
@@ -149,7 +149,7 @@ Program build(const Recipe& r, std::size_t n, std::string* code = nullptr) {
           body(pool);
           return loss_of(pool.back());
         },
-        Adam{1e-2}, {}, "fuzz");
+        Adam{1e-2}, {}, StepOptions{.clip_norm = 1.0}, "fuzz");  // clipping: the norm's sums under any layout
   Program p = trace("fuzz", [&](const std::vector<Tensor>&) {
     std::vector<Tensor> pool;
     body(pool);
@@ -517,7 +517,7 @@ std::string describe(const Case& c, std::uint64_t seed, long index, int max_ops)
   os << "reproduce: PARTIR_FUZZ_SEED=" << seed << " PARTIR_FUZZ_OPS=" << max_ops << " PARTIR_FUZZ_CASE=" << index
      << " build/tests/test_fuzz\n"
      << "shrunk case: mesh " << c.mesh.to_string() << ", mode "
-     << (c.recipe.mode == 0 ? "forward" : c.recipe.mode == 1 ? "value_and_grad(sum(out^2))" : "train_step Adam(sum(out^2))")
+     << (c.recipe.mode == 0 ? "forward" : c.recipe.mode == 1 ? "value_and_grad(sum(out^2))" : "train_step Adam(sum(out^2)), clip_norm 1")
      << ", input seed " << c.input_seed << "\n  // program (inside partir::trace)\n"
      << code << "  // schedule\n";
   for (const auto& t : c.schedule) os << "  " << t.name() << "\n";

@@ -20,6 +20,7 @@
 #include "partir/runtime/interpreter.hpp"
 #include "partir/runtime/init.hpp"
 #include "partir/autodiff/grad.hpp"
+#include "partir/autodiff/lr_schedule.hpp"
 #include "partir/autodiff/optimizer.hpp"
 #include "partir/autodiff/train_step.hpp"
 #include "partir/mesh.hpp"

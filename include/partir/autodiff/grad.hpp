@@ -223,6 +223,10 @@ void vjp(Program& p, ValueId v, const Op& op, const Tensor& g, const std::vector
       accumulate(0, slice(g, a.lo, std::move(limit)));
       return;
     }
+    case OpKind::add_n:
+      for (std::size_t i = 0; i < op.operands.size(); ++i)
+        if (needed(i)) accumulate(i, g);
+      return;
     case OpKind::concatenate: {
       std::int64_t offset = 0;
       for (std::size_t i = 0; i < op.operands.size(); ++i) {

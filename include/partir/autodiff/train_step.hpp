@@ -5,10 +5,28 @@
 #include <optional>
 
 #include "partir/autodiff/grad.hpp"
+#include "partir/autodiff/lr_schedule.hpp"
 #include "partir/autodiff/optimizer.hpp"
 #include "partir/dsl/trace.hpp"
 
 namespace partir {
+
+// What a train step does besides loss, gradients and the optimizer; each part off by default.
+struct StepOptions {
+  // Traces the model under a precision policy (precision.hpp).
+  std::optional<MixedPrecision> precision;
+  // Scales every gradient by min(1, clip_norm / (norm + 1e-6)), norm the L2 norm of all gradients together,
+  // as torch.nn.utils.clip_grad_norm_; output "grad_norm" is the norm before clipping. Partitioned, each
+  // device sums the squares of the gradient pieces it holds, and the terms that are partial sums over the
+  // same axes are reduced together: one scalar all_reduce per group of axes.
+  std::optional<double> clip_norm;
+  // The optimizer's learning rate times data input "opt/lr_scale" (an f64 scalar the loop feeds each step,
+  // LRSchedule::at(step)): the program is built and partitioned once for the whole schedule.
+  bool scheduled_learning_rate = false;
+
+  static constexpr const char* lr_scale_name = "opt/lr_scale";
+  static constexpr const char* clip_tag = "clip/global_norm";
+};
 
 namespace detail {
 // Dynamic loss scaling (precision.hpp's LossScaling) around a step's gradients and updates.
@@ -60,12 +78,37 @@ class LossScaler {
   std::optional<Tensor> finite_;
 };
 
+// The gradients scaled to a global L2 norm of at most max_norm (StepOptions::clip_norm); `norm` is set to
+// the norm before clipping. Squares are summed in f32 (f64 for f64 gradients) and the per-gradient sums
+// joined by one add_n, which lowering reduces once per group of partial-sum axes.
+inline std::vector<ValueId> clip_by_global_norm(Program& p, const std::vector<ValueId>& grads, double max_norm,
+                                                ValueId& norm) {
+  DType math = DType::f32;
+  for (ValueId g : grads)
+    if (p.type(g).dtype == DType::f64) math = DType::f64;
+  std::vector<Tensor> squares;
+  for (ValueId g : grads) {
+    const Tensor x = convert(Tensor{p, g}, math);
+    squares.push_back(sum(x * x));
+  }
+  const Tensor total = tag(add_n(squares), StepOptions::clip_tag);
+  const Tensor n = sqrt(total);
+  const Tensor coef = minimum(max_norm / (n + 1e-6), full_like(n, 1.0));
+  norm = n.id();
+  std::vector<ValueId> out;
+  for (ValueId g : grads) out.push_back((Tensor{p, g} * convert(coef, p.type(g).dtype)).id());
+  return out;
+}
+
 template <class LossFn, Optimizer Opt>
-Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>& data,
-                   const MixedPrecision* precision, const std::string& name) {
+Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>& data, const StepOptions& options,
+                   const std::string& name) {
   Program p(name);
   const std::string who = "train_step '" + name + "'";
+  const MixedPrecision* precision = options.precision ? &*options.precision : nullptr;
   if (precision) precision->check(who);
+  if (options.clip_norm && !(*options.clip_norm > 0))
+    user_error(who + ": clip_norm " + number_str(*options.clip_norm) + " (a gradient norm limit is > 0)");
   ValueId loss;
   {
     TraceScope scope(p);
@@ -82,14 +125,20 @@ Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>
   for (auto v : p.inputs())
     if (p.op(v).attrs.input_kind == InputKind::parameter) params.push_back(v);
   if (params.empty()) user_error(who + ": the loss function declares no parameters (see param() and nn)");
+  if constexpr (requires { opt.check(p, params, who); }) opt.check(p, params, who);
 
   std::optional<LossScaler> scaler;
   if (precision && precision->loss_scaling) scaler.emplace(p, *precision->loss_scaling);
   auto grads = grad(p, scaler ? scaler->scaled(p, loss) : loss, params);
   if (scaler) grads = scaler->unscale(p, grads);
+  ValueId norm = -1;
+  if (options.clip_norm) grads = clip_by_global_norm(p, grads, *options.clip_norm, norm);
+  std::optional<Tensor> lr_scale;
+  if (options.scheduled_learning_rate) lr_scale = Tensor{p, p.add_input(StepOptions::lr_scale_name, {{}, DType::f64})};
   std::vector<ParamUpdate> updates;
-  for (std::size_t i = 0; i < params.size(); ++i) updates.push_back(opt.update(p, params[i], grads[i]));
+  for (std::size_t i = 0; i < params.size(); ++i) updates.push_back(opt.update(p, params[i], grads[i], lr_scale));
   p.add_output("loss", loss);
+  if (norm >= 0) p.add_output("grad_norm", norm);
   // Under loss scaling a step with inf/NaN gradients leaves every parameter and optimizer state as it was.
   auto output = [&](const std::string& name, ValueId value, const std::string& updates_input) {
     p.add_output(name, scaler ? scaler->keep_if_finite(p, value, *p.find_input(updates_input)) : value, updates_input);
@@ -109,18 +158,24 @@ Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>
 
 // Traces loss_fn on the data inputs (N Tensors or a std::vector<Tensor>, as trace() calls it; parameters are
 // declared inside with param() or nn blocks), differentiates the loss w.r.t. every parameter and applies
-// opt. Outputs: "loss"; then each parameter under its own name, updating it; then the optimizer state,
+// opt. Outputs: "loss" (and "grad_norm" when clipping); then each parameter under its own name, updating it; then the optimizer state,
 // each under (and updating) its input's name. With a precision policy (precision.hpp) the model is traced
 // under it: parameters and optimizer state in `params` dtype, the model in `compute`, the loss in `output`.
 template <class LossFn, Optimizer Opt>
 Program train_step(LossFn loss_fn, const Opt& opt, const std::vector<InputSpec>& data,
                    const std::string& name = "train_step") {
-  return detail::train_step(loss_fn, opt, data, nullptr, name);
+  return detail::train_step(loss_fn, opt, data, StepOptions{}, name);
 }
 template <class LossFn, Optimizer Opt>
 Program train_step(LossFn loss_fn, const Opt& opt, const std::vector<InputSpec>& data, const MixedPrecision& precision,
                    const std::string& name = "train_step") {
-  return detail::train_step(loss_fn, opt, data, &precision, name);
+  return detail::train_step(loss_fn, opt, data, StepOptions{precision}, name);
+}
+// With StepOptions: gradient clipping, a scheduled learning rate, a precision policy.
+template <class LossFn, Optimizer Opt>
+Program train_step(LossFn loss_fn, const Opt& opt, const std::vector<InputSpec>& data, const StepOptions& options,
+                   const std::string& name = "train_step") {
+  return detail::train_step(loss_fn, opt, data, options, name);
 }
 
 }  // namespace partir

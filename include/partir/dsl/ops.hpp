@@ -276,6 +276,18 @@ inline Tensor concatenate(const std::vector<Tensor>& xs, std::int64_t axis) {
   return detail::emit(xs[0].program(), OpKind::concatenate, std::move(ids), std::move(a));
 }
 
+// xs[0] + xs[1] + ... as one op (same types). Unlike a chain of adds, partitioning may sum the terms that are
+// partial sums over the same axes before reducing them: one collective per group of axes, whatever the order.
+inline Tensor add_n(const std::vector<Tensor>& xs) {
+  if (xs.empty()) user_error("add_n: needs at least one tensor");
+  std::vector<ValueId> ids;
+  for (const auto& x : xs) {
+    detail::same_program(xs[0], x, "add_n");
+    ids.push_back(x.id());
+  }
+  return detail::emit(xs[0].program(), OpKind::add_n, std::move(ids));
+}
+
 // Embedding lookup: rows of table [V, F...] at indices [I...] (i32) -> [I..., F...].
 inline Tensor gather(const Tensor& table, const Tensor& indices) {
   return detail::emit(detail::same_program(table, indices, "gather"), OpKind::gather, {table.id(), indices.id()});

@@ -23,6 +23,7 @@ enum class OpKind : std::uint8_t {
   dot_general, reduce_sum, reduce_max,
   broadcast_in_dim, reshape, transpose, slice, pad, concatenate,
   gather, scatter_add,  // embedding lookup along dim 0 of the table, and its transpose
+  add_n,  // the sum of any number of same-typed values (a global norm's terms: see sharding/rules.hpp)
   count_
 };
 
@@ -51,6 +52,7 @@ inline const OpInfo& info(OpKind k) {
       {"transpose", OpClass::other, 1}, {"slice", OpClass::other, 1},
       {"pad", OpClass::other, 1},       {"concatenate", OpClass::other, -1},
       {"gather", OpClass::other, 2},    {"scatter_add", OpClass::other, 2},
+      {"add_n", OpClass::other, -1},
   }};
   return table[static_cast<std::size_t>(k)];
 }

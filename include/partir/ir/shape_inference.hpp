@@ -150,6 +150,13 @@ inline TensorType infer_type(OpKind kind, std::span<const TensorType> in, const 
       }
       return {out, in[0].dtype};
     }
+    case OpKind::add_n: {
+      if (in.empty()) return fail("needs at least one operand");
+      if (!is_float(in[0].dtype)) return fail("needs floating-point operands, got " + show(0));
+      for (std::size_t i = 1; i < in.size(); ++i)
+        if (in[i] != in[0]) return fail("operand types differ: " + show(0) + " vs " + show(i));
+      return in[0];
+    }
     case OpKind::concatenate: {
       if (in.empty()) return fail("needs at least one operand");
       Shape out = in[0].shape;

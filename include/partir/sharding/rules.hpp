@@ -280,6 +280,11 @@ inline OpRule rule_for(const Op& op, std::span<const TensorType> in) {
         }
       b.linear(PartialRule::sum, std::vector<bool>(n, true));
       break;
+    case OpKind::add_n:  // elementwise in every operand; lowering sums equal partial sums before reducing them
+      b.result_dims(out);
+      for (std::size_t i = 0; i < n; ++i) same_dims(i);
+      b.linear(PartialRule::sum, std::vector<bool>(n, true));
+      break;
     case OpKind::gather: {  // table [V, F...], indices [I...] -> [I..., F...]
       b.result_dims(out);
       const auto index_rank = static_cast<std::size_t>(in[1].rank());

@@ -59,6 +59,7 @@ inline Work local_work(const Op& op, std::span<const TensorType> in) {
   for (const auto& t : in) w.bytes += static_cast<double>(t.bytes());
   // scatter_add adds each update row into the table: one add per update element.
   if (op.kind == OpKind::scatter_add) w.flops = static_cast<double>(in[1].elements());
+  if (op.kind == OpKind::add_n) w.flops = static_cast<double>(op.type.elements()) * static_cast<double>(in.size() - 1);
   if (op.kind == OpKind::dot_general) w.gemm_dim = gemm_dim(op.attrs.dot, in[0].shape, in[1].shape);
   if (const double per_point = flops_per_point(op.kind); per_point > 0) {
     double points = 1;

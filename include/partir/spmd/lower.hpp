@@ -236,6 +236,125 @@ class Lowering {
     }
   }
 
+  // The dims summed away where v's value ends: v's one use is a reduce_sum, or a single-use elementwise chain
+  // ending in one; empty otherwise.
+  std::vector<std::int64_t> summed_dims(ValueId v) const {
+    const auto& users = users_[static_cast<std::size_t>(v)];
+    if (users.size() != 1) return {};
+    const Op& user = prog_.op(users[0]);
+    if (user.kind == OpKind::reduce_sum) return user.attrs.dims;
+    return is_elementwise(user.kind) ? summed_dims(users[0]) : std::vector<std::int64_t>{};
+  }
+
+  // A gradient's square summed for a global norm (sum(g * g)), where g is a partial sum that another use
+  // reduce-scatters (ZeRO's update): the elementwise ops up to the sum run on those tiles, reusing the
+  // reduce_scatter, and the sum stays a partial sum of one element (keep_tiled_reduction) instead of
+  // all-reducing the whole of g for this use alone.
+  void summed_on_tiles(ValueId v, const OpRule& rule, const std::vector<Sharding>& have, Sharding& got,
+                       std::vector<AxisList>& factor_axes) const {
+    const auto summed = summed_dims(v);
+    if (summed.empty()) return;
+    const Op& op = prog_.op(v);
+    auto adopt = [&](std::int64_t d, const AxisList& axes) {  // tile result dim d on axes (a superset of got's)
+      const auto& factors = rule.result[static_cast<std::size_t>(d)];
+      if (factors.size() != 1 || op.type.shape[static_cast<std::size_t>(d)] % tile_count(axes, mesh_) != 0) return;
+      auto& mine = got.dims[static_cast<std::size_t>(d)];
+      for (auto k = mine.size(); k < axes.size(); ++k) {
+        if (got.uses(axes[k])) return;
+        factor_axes[static_cast<std::size_t>(factors[0])].push_back(axes[k]);
+      }
+      mine = axes;
+    };
+    auto extends = [&](std::int64_t d, const AxisList& axes) {
+      const auto& mine = got.dims[static_cast<std::size_t>(d)];
+      return axes.size() > mine.size() && std::equal(mine.begin(), mine.end(), axes.begin());
+    };
+    for (std::size_t i = 0; i < have.size(); ++i) {
+      // tiles the operand already holds beyond its plan (an earlier op of the chain)
+      if (have[i] != planned(op.operands[i]))
+        for (auto d : summed)
+          if (extends(d, have[i].dims[static_cast<std::size_t>(d)])) adopt(d, have[i].dims[static_cast<std::size_t>(d)]);
+      // a partial sum that a sibling use reduce-scatters on a summed dim
+      for (const auto& p : have[i].partial)
+        for (ValueId sibling : users_[static_cast<std::size_t>(op.operands[i])]) {
+          if (sibling == v || got.uses(p)) continue;
+          for (ValueId tiled : scattering(sibling, p)) {
+            const Sharding s = planned(tiled);
+            const auto d = s.dim_of(p);
+            if (std::find(summed.begin(), summed.end(), d) == summed.end() || !extends(d, s.dims[static_cast<std::size_t>(d)]) ||
+                s.dims[static_cast<std::size_t>(d)].size() != got.dims[static_cast<std::size_t>(d)].size() + 1)
+              continue;
+            adopt(d, s.dims[static_cast<std::size_t>(d)]);
+            break;
+          }
+        }
+    }
+  }
+
+  // The elementwise ops whose planned tiles on p say where `use` reduce-scatters its operand's partial sum
+  // over p: the use itself, or if it keeps the sum partial (a scaled gradient), the uses that end it
+  // (place_resolved).
+  std::vector<ValueId> scattering(ValueId use, const std::string& p) const {
+    if (!is_elementwise(prog_.op(use).kind)) return {};
+    if (!planned(use).is_partial(p)) return {use};
+    std::vector<ValueId> out;
+    for (ValueId u : users_[static_cast<std::size_t>(use)])
+      if (is_elementwise(prog_.op(u).kind)) out.push_back(u);
+    return out;
+  }
+
+  // A reduce_sum whose operand lowering computed on more tiles than planned (summed_on_tiles) sums its tiles
+  // into a partial sum: its users reduce a result smaller than the operand it would otherwise gather.
+  void keep_tiled_reduction(ValueId v, const Sharding& have, Sharding& got, std::vector<AxisList>& factor_axes) const {
+    const Op& op = prog_.op(v);
+    if (have == planned(op.operands[0])) return;
+    const OpRule rule = rule_for(prog_, v);
+    for (auto e : op.attrs.dims) {
+      const auto& axes = have.dims[static_cast<std::size_t>(e)];
+      auto& assigned = factor_axes[static_cast<std::size_t>(rule.operands[0][static_cast<std::size_t>(e)][0])];
+      if (axes.size() <= assigned.size() || !std::equal(assigned.begin(), assigned.end(), axes.begin()) ||
+          std::any_of(axes.begin() + static_cast<std::ptrdiff_t>(assigned.size()), axes.end(),
+                      [&](const auto& a) { return got.uses(a); }))
+        continue;
+      got.partial.insert(got.partial.end(), axes.begin() + static_cast<std::ptrdiff_t>(assigned.size()), axes.end());
+      assigned = axes;
+    }
+  }
+
+  // add_n's operands that are partial sums over the same axes, in the same layout, are added locally and
+  // reduced once: a global norm costs one scalar all_reduce per group of axes, not one per term.
+  std::vector<ValueId> reduced_in_groups(ValueId v, const std::vector<Sharding>& have, const std::vector<Sharding>& need) {
+    const Op& op = prog_.op(v);
+    std::vector<ValueId> out;
+    std::vector<bool> done(have.size(), false);
+    for (std::size_t i = 0; i < have.size(); ++i) {
+      if (done[i]) continue;
+      std::vector<std::size_t> group;
+      const bool reduces = have[i].dims == need[i].dims && have[i].partial.size() > need[i].partial.size();
+      for (std::size_t j = i; j < have.size() && reduces; ++j)
+        if (!done[j] && have[j] == have[i] && need[j] == need[i]) group.push_back(j);
+      if (group.size() < 2) {
+        const std::string site = "%" + std::to_string(v) + " add_n operand " + std::to_string(i);
+        out.push_back(reshard(op.operands[i], need[i], site));
+        continue;
+      }
+      Op sum{OpKind::add_n, {}, {}, out_.type(local_[static_cast<std::size_t>(op.operands[i])]), ""};
+      for (auto j : group) {
+        sum.operands.push_back(local_[static_cast<std::size_t>(op.operands[j])]);
+        done[j] = true;
+      }
+      AxisList reduce;
+      for (const auto& a : have[i].partial)
+        if (!need[i].is_partial(a)) reduce.push_back(a);
+      const std::string site = "%" + std::to_string(v) + " add_n " + prog_.label(v) + " (" + std::to_string(group.size()) +
+                               " terms partial over the same axes, reduced once)";
+      const ValueId local = emit(std::move(sum), have[i]);
+      out.push_back(step(local, prog_.type(v), {CollectiveKind::all_reduce, reduce, -1, -1,
+                                                reason(op.operands[i], have[i], need[i], site)}, need[i]));
+    }
+    return out;
+  }
+
   void lower_op(ValueId v) {
     const Op& op = prog_.op(v);
     const TensorType& type = op.type;
@@ -349,8 +468,10 @@ class Lowering {
       }
       if (!got.is_partial(p) && is_elementwise(op.kind)) place_resolved(v, p, rule, got, factor_axes);
     }
+    if (is_elementwise(op.kind)) summed_on_tiles(v, rule, have, got, factor_axes);
+    if (op.kind == OpKind::reduce_sum) keep_tiled_reduction(v, have[0], got, factor_axes);
     // Operand layouts the factors require; partial axes in mesh order, as Sharding keeps them.
-    std::vector<ValueId> operands;
+    std::vector<Sharding> needs;
     for (std::size_t i = 0; i < op.operands.size(); ++i) {
       Sharding need = Sharding::replicated(prog_.type(op.operands[i]).rank());
       for (std::size_t e = 0; e < need.dims.size(); ++e)
@@ -360,8 +481,16 @@ class Lowering {
         }
       for (const auto& a : have[i].partial)
         if (std::count(operand_partial[i].begin(), operand_partial[i].end(), a)) need.partial.push_back(a);
-      const std::string site = "%" + std::to_string(v) + " " + std::string(name_of(op.kind)) + " operand " + std::to_string(i);
-      operands.push_back(reshard(op.operands[i], need, site));
+      needs.push_back(std::move(need));
+    }
+    std::vector<ValueId> operands;
+    if (op.kind == OpKind::add_n) {
+      operands = reduced_in_groups(v, have, needs);
+    } else {
+      for (std::size_t i = 0; i < op.operands.size(); ++i) {
+        const std::string site = "%" + std::to_string(v) + " " + std::string(name_of(op.kind)) + " operand " + std::to_string(i);
+        operands.push_back(reshard(op.operands[i], needs[i], site));
+      }
     }
     std::sort(got.partial.begin(), got.partial.end(),
               [&](const auto& a, const auto& b) { return mesh_.axis_index(a) < mesh_.axis_index(b); });

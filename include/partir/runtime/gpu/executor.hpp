@@ -178,6 +178,13 @@ class Runner {
         float_only(x->type.dtype);
         launch::binary(op.kind, x->type.dtype, x->data, in[1]->data, out.data, n, stream_);
         break;
+      case K::add_n:  // left to right, as the adds it replaces
+        float_only(x->type.dtype);
+        check_cuda(cudaMemcpyAsync(out.data, x->data, static_cast<std::size_t>(op.type.bytes()), cudaMemcpyDeviceToDevice, stream_),
+                   "cudaMemcpyAsync");
+        for (std::size_t i = 1; i < in.size(); ++i)
+          launch::binary(K::add, x->type.dtype, out.data, in[i]->data, out.data, n, stream_);
+        break;
       case K::compare:
         launch::compare(a.cmp, x->type.dtype, x->data, in[1]->data, out.data, n, stream_);
         break;

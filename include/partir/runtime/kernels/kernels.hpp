@@ -799,6 +799,13 @@ Array eval(const Op& op, const Operands& operands) {
     case K::scatter_add:
       k::visit_math_dtype(out.dtype(), [&](auto t) { k::scatter_add<decltype(t)>(x, *operands[1], out); });
       break;
+    case K::add_n:  // left to right, as the adds it replaces
+      k::visit_float_dtype(x.dtype(), op.kind, [&](auto t) {
+        using T = decltype(t);
+        std::copy_n(k::ptr<T>(x), x.size(), k::ptr<T>(out));
+        for (std::size_t i = 1; i < std::size(operands); ++i) k::binary<T>(K::add, out, *operands[i], out);
+      });
+      break;
     case K::input: case K::constant: case K::count_:
       internal_error("eval: unexpected op kind");
   }
