@@ -1,7 +1,7 @@
 #pragma once
 // The training recipe flags the examples share: --optimizer adamw|adam|sgd, --lr, --weight-decay, --momentum,
-// --clip, --lr-schedule, --warmup, --final-lr-scale. With the defaults (Adam, constant rate, no clipping) the
-// step is the plain Adam step.
+// --clip, --lr-schedule, --warmup, --final-lr-scale, --remat. With the defaults (Adam, constant rate, no
+// clipping, no remat) the step is the plain Adam step.
 #include <partir/partir.hpp>
 
 #include "cli.hpp"
@@ -17,9 +17,10 @@ struct Recipe {
   double momentum = 0;
   std::optional<double> clip;
   p::LRSchedule schedule;
+  p::Remat remat = p::Remat::none();
 
   p::StepOptions step_options(const p::MixedPrecision& precision) const {
-    return {precision, clip, schedule != p::LRSchedule::constant()};
+    return {precision, clip, schedule != p::LRSchedule::constant(), remat};
   }
 
   // train_step(loss_fn, <the chosen optimizer>, data, step_options(precision)).
@@ -55,6 +56,9 @@ inline Recipe recipe_flags(cli::Args& args, long steps, double default_lr) try {
                                         "constant, warmup, cosine, linear, warmup_cosine or warmup_linear");
   const long warmup = args.get_int("warmup", 0, "warmup steps of a warmup_* schedule");
   const double final_scale = args.get_double("final-lr-scale", 0.1, "the decay's last rate, as a fraction of --lr");
+  r.remat = p::Remat::parse(args.get("remat", "none", "recompute activations in the backward pass: none, blocks or "
+                                                      "selective (attention's core; both need nn::Gpt's marks)"),
+                            "--remat");
   if (r.optimizer != "adamw" && r.optimizer != "adam" && r.optimizer != "sgd")
     p::user_error("--optimizer: expected adamw, adam or sgd, got '" + r.optimizer + "'");
   auto number = [](const std::string& flag, const std::string& text) {

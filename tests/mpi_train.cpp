@@ -3,7 +3,8 @@
 // execute() and by an Executable. With PRECISION bf16 or f16 (MixedPrecision) the single-device program is the
 // same 16-bit program; partial sums rounded at other points allow a few 16-bit ulps (see test_transformer).
 // With RECIPE "recipe", the step is AdamW with gradients clipped to a global norm and a learning rate fed
-// each step (StepOptions): the clipping's norm is reduced across the ranks that split the gradients.
+// each step (StepOptions): the clipping's norm is reduced across the ranks that split the gradients. With
+// "remat", the backward pass recomputes the second layer (between the MLP's marks h1 and h2).
 // usage: mpi_train MESH SCHEDULE [PRECISION [RECIPE]]
 #include <partir/partir.hpp>
 #include <partir/runtime/mpi.hpp>
@@ -21,8 +22,9 @@ int main(int argc, char** argv) {
   }
   try {
     const p::MixedPrecision precision = p::MixedPrecision::parse(argc >= 4 ? argv[3] : "f32");
-    const bool recipe = argc == 5 && std::string(argv[4]) == "recipe";
-    if (argc == 5 && !recipe) throw p::UserError(std::string("RECIPE: expected 'recipe', got '") + argv[4] + "'");
+    const bool recipe = argc == 5 && std::string(argv[4]) == "recipe", remat = argc == 5 && std::string(argv[4]) == "remat";
+    if (argc == 5 && !recipe && !remat)
+      throw p::UserError(std::string("RECIPE: expected 'recipe' or 'remat', got '") + argv[4] + "'");
     const double tolerance = precision.compute == p::DType::f32 ? 1e-5 : 3e-2;
     p::nn::Mlp model{"params/mlp", {8, 32, 16, 8}};
     auto loss = [&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); };
@@ -30,7 +32,11 @@ int main(int argc, char** argv) {
     const p::Program step =
         recipe ? p::train_step(loss, p::AdamW{.learning_rate = 1e-2, .weight_decay = 0.1}, data,
                                p::StepOptions{precision, 0.1, true})  // a norm the gradients exceed: clipped
-               : p::train_step(loss, p::Adam{1e-2}, data, precision);
+               : p::train_step(loss, p::Adam{1e-2}, data,
+                               p::StepOptions{.precision = precision,
+                                              .remat = remat ? p::Remat{"layer 2", {{{"params/mlp/h1"}, {"params/mlp/h2"}}}}
+                                                             : p::Remat::none()});
+    if (remat && step.recomputes().empty()) throw p::UserError("remat: nothing is recomputed");
     const p::LRSchedule schedule = p::LRSchedule::warmup(2).then_cosine(2);
     auto lr_scale = [&](int s) { return p::Array({}, std::vector<double>{schedule.at(s)}); };
     const p::SpmdProgram spmd = p::lower(p::partition(step, p::Mesh::parse(argv[1]), p::parse_schedule(argv[2])));
@@ -70,7 +76,7 @@ int main(int argc, char** argv) {
     MPI_Allreduce(&worst, &all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (comm.device() == 0)
       std::printf("mpi_train %s %s %s%s: %zu collectives, max relative error %.3g over 3 steps\n", argv[1], argv[2],
-                  std::string(p::name_of(precision.compute)).c_str(), recipe ? " recipe" : "", spmd.collectives().size(), all);
+                  std::string(p::name_of(precision.compute)).c_str(), recipe ? " recipe" : remat ? " remat" : "", spmd.collectives().size(), all);
     return all < tolerance ? 0 : 1;
   } catch (const p::UserError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

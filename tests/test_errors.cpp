@@ -490,3 +490,35 @@ TEST_CASE("catalog: the training recipe") {
   in.erase(StepOptions::lr_scale_name);
   CHECK_THROWS_WITH_AS(interpret(step, in), "interpret train_step: missing input 'opt/lr_scale'", UserError);
 }
+
+TEST_CASE("catalog: rematerialization") {
+  const nn::Gpt gpt{{.vocab = 16, .seq = 4, .d_model = 8, .heads = 2, .layers = 1}};
+  auto loss = [&](Tensor t, Tensor y) { return gpt.loss(t, y); };
+  const std::vector<InputSpec> data{{"tokens", {2, 4}, DType::i32}, {"targets", {2, 4}, DType::i32}};
+  auto step = [&](const Remat& r) {
+    StepOptions o;
+    o.remat = r;
+    return train_step(loss, Adam{}, data, o);
+  };
+  // E92 a remat glob that matches no checkpoint name (a typo, or a model without marks)
+  CHECK_THROWS_WITH_AS(step(Remat{"mine", {{{"**/attn/query"}, {"**/attn/context"}}}}),
+                       "remat 'mine': '**/attn/query' matches no checkpoint name of program 'train_step' (the model "
+                       "marks region boundaries with checkpoint_name())",
+                       UserError);
+  // E93 a region ending at a value the backward pass or the update computes (it has side effects in the step)
+  Program p = train_step(loss, Adam{}, data);
+  p.checkpoint_name(p.output("params/ln_f/gamma"), "late");
+  CHECK_THROWS_WITH_AS(rematerialize(p, Remat{"late", {{{"**/embed"}, {"late"}}}}),
+                       "remat 'late': 'late' is computed after the loss (by the backward pass or the update), so no "
+                       "forward region can end there",
+                       UserError);
+  // E94 a region with nothing between its marks, and a program without a backward pass
+  CHECK_THROWS_WITH_AS(step(Remat{"empty", {{{"**/attn/context"}, {"**/attn/q"}}}}),
+                       "remat 'empty': its regions of program 'train_step' hold no value to recompute", UserError);
+  const Program forward = trace("fwd", [&](Tensor t, Tensor y) { return gpt.loss(t, y); }, data);
+  CHECK_THROWS_WITH_AS(rematerialize(forward, Remat::blocks()),
+                       "remat 'blocks': program 'fwd' has no backward pass to recompute in", UserError);
+  // E95 an unknown --remat policy
+  CHECK_THROWS_WITH_AS(Remat::parse("attention", "--remat"),
+                       "--remat: unknown remat policy 'attention' (expected none, blocks or selective)", UserError);
+}

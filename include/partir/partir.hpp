@@ -22,6 +22,7 @@
 #include "partir/autodiff/grad.hpp"
 #include "partir/autodiff/lr_schedule.hpp"
 #include "partir/autodiff/optimizer.hpp"
+#include "partir/autodiff/remat.hpp"
 #include "partir/autodiff/train_step.hpp"
 #include "partir/mesh.hpp"
 #include "partir/sharding/sharding.hpp"
@@ -51,4 +52,5 @@
 #include "partir/sim/report.hpp"
 #include "partir/sim/simulator.hpp"
 #include "partir/sim/trace.hpp"
+#include "partir/tactics/remat_search.hpp"
 #include "partir/sim/calibrate.hpp"

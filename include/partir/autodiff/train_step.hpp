@@ -7,6 +7,7 @@
 #include "partir/autodiff/grad.hpp"
 #include "partir/autodiff/lr_schedule.hpp"
 #include "partir/autodiff/optimizer.hpp"
+#include "partir/autodiff/remat.hpp"
 #include "partir/dsl/trace.hpp"
 
 namespace partir {
@@ -23,6 +24,8 @@ struct StepOptions {
   // The optimizer's learning rate times data input "opt/lr_scale" (an f64 scalar the loop feeds each step,
   // LRSchedule::at(step)): the program is built and partitioned once for the whole schedule.
   bool scheduled_learning_rate = false;
+  // Forward values the backward pass recomputes instead of keeping (remat.hpp).
+  Remat remat = Remat::none();
 
   static constexpr const char* lr_scale_name = "opt/lr_scale";
   static constexpr const char* clip_tag = "clip/global_norm";
@@ -151,8 +154,9 @@ Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>
     for (const auto& s : u.state) output(s.name, s.value, s.updates);
   if (scaler)
     for (const auto& s : scaler->next_state()) p.add_output(s.name, s.value, s.updates);
-  verify(p);
-  return p;
+  Program out = rematerialize(p, options.remat);
+  verify(out);
+  return out;
 }
 }  // namespace detail
 

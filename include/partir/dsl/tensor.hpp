@@ -104,5 +104,10 @@ inline Tensor tag(Tensor t, const std::string& name) {
   t.program().tag(t.id(), name);
   return t;
 }
+// Names a value for rematerialization policies (Remat's region boundaries); tactics never see it.
+inline Tensor checkpoint_name(Tensor t, const std::string& name) {
+  t.program().checkpoint_name(t.id(), name);
+  return t;
+}
 
 }  // namespace partir

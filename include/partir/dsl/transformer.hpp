@@ -44,12 +44,14 @@ struct Attention {
       return dense(x, name + "/" + w, name + "/" + b, d_model, out, bias && *b);
     };
     // Scaling q rather than the scores: [B, S, D] elements instead of [B, H, S, S].
-    const Tensor q = reshape(project("wq", "bq", d_model) * (1.0 / std::sqrt(static_cast<double>(Dh))),
-                             {B, S, heads, Dh});
+    // q, k, v and the context bound the attention core that selective remat recomputes (remat.hpp).
+    const Tensor q = checkpoint_name(
+        reshape(project("wq", "bq", d_model) * (1.0 / std::sqrt(static_cast<double>(Dh))), {B, S, heads, Dh}), name + "/q");
     const std::int64_t kv_features = multi_query ? Dh : d_model;
-    const Tensor k = project("wk", "", kv_features);
-    const Tensor v = project("wv", "bv", kv_features);
-    const Tensor context = multi_query ? shared_kv_context(q, k, v) : per_head_context(q, k, v);
+    const Tensor k = checkpoint_name(project("wk", "", kv_features), name + "/k");
+    const Tensor v = checkpoint_name(project("wv", "bv", kv_features), name + "/v");
+    const Tensor context =
+        checkpoint_name(multi_query ? shared_kv_context(q, k, v) : per_head_context(q, k, v), name + "/context");
     return dense(reshape(context, {B, S, d_model}), name + "/wo", name + "/bo", d_model, d_model, bias);
   }
 
@@ -91,7 +93,8 @@ struct GptConfig {
   bool multi_query = false;
 };
 
-// One pre-LayerNorm block: x + attn(ln1(x)), then + mlp(ln2(x)).
+// One pre-LayerNorm block: x + attn(ln1(x)), then + mlp(ln2(x)). Its output is marked `name/out` (the block
+// boundary that remat's blocks policy keeps).
 struct TransformerBlock {
   std::string name;  // e.g. params/layers/3
   GptConfig config;
@@ -99,7 +102,7 @@ struct TransformerBlock {
     const auto D = config.d_model;
     x = x + Attention{name + "/attn", D, config.heads, config.bias, config.multi_query}(LayerNorm{name + "/ln1", D}(x));
     Mlp mlp{name + "/mlp", {D, config.d_ff > 0 ? config.d_ff : 4 * D, D}, [](const Tensor& h) { return gelu(h); }};
-    return x + mlp(LayerNorm{name + "/ln2", D}(x));
+    return checkpoint_name(x + mlp(LayerNorm{name + "/ln2", D}(x)), name + "/out");
   }
 };
 
@@ -114,7 +117,8 @@ struct Gpt {
       user_error("Gpt: tokens must be i32 [batch, " + std::to_string(c.seq) + "], got " + to_string(tokens.type()));
     const Embedding tok_embed{name + "/tok_embed", c.vocab, c.d_model};
     // The position table is added whole (every window starts at position 0), so it needs no lookup.
-    Tensor x = tok_embed(tokens) + param(name + "/pos_embed", {c.seq, c.d_model}, normal_init(0.02));
+    Tensor x = checkpoint_name(tok_embed(tokens) + param(name + "/pos_embed", {c.seq, c.d_model}, normal_init(0.02)),
+                               name + "/embed");
     for (std::int64_t i = 0; i < c.layers; ++i) x = TransformerBlock{name + "/layers/" + std::to_string(i), c}(x);
     x = LayerNorm{name + "/ln_f", c.d_model}(x);
     if (!c.tied) return dense(x, name + "/head/w", "", c.d_model, c.vocab, false);

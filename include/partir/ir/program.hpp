@@ -19,6 +19,13 @@ struct Output {
   friend bool operator==(const Output&, const Output&) = default;
 };
 
+// A value the backward pass computes again instead of keeping it from the forward pass (autodiff/remat.hpp).
+struct Recompute {
+  ValueId value, original;
+  std::string policy;  // the Remat that made it, for provenance
+  friend bool operator==(const Recompute&, const Recompute&) = default;
+};
+
 class Program {
  public:
   explicit Program(std::string name = "main") : name_(std::move(name)) {}
@@ -89,6 +96,16 @@ class Program {
     o.name = name;
   }
 
+  // Names a value for rematerialization policies (autodiff/remat.hpp), apart from tags: a checkpoint name never
+  // changes what a tactic selects (JAX's checkpoint_name).
+  void checkpoint_name(ValueId v, const std::string& name) {
+    if (v < 0 || v >= size()) user_error("checkpoint_name '" + name + "': %" + std::to_string(v) + " is not defined");
+    checkpoint_names_[v] = name;
+  }
+  const std::map<ValueId, std::string>& checkpoint_names() const { return checkpoint_names_; }
+  void add_recompute(Recompute r) { recomputes_.push_back(std::move(r)); }
+  const std::vector<Recompute>& recomputes() const { return recomputes_; }
+
   std::optional<ValueId> find_input(const std::string& name) const {
     for (auto v : inputs_)
       if (ops_[v].name == name) return v;
@@ -128,6 +145,8 @@ class Program {
   std::vector<Op> ops_;
   std::vector<ValueId> inputs_;
   std::vector<Output> outputs_;
+  std::map<ValueId, std::string> checkpoint_names_;
+  std::vector<Recompute> recomputes_;
 };
 
 // Number of uses of each value (operands and outputs), the basis of liveness.

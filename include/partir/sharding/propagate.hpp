@@ -24,7 +24,8 @@
 //   where a Replicate keeps a off the result, the result is not partial: lowering all-reduces the operand.
 // - Loop-carried state: an output that updates an input is tied to it as by an identity op (same factors
 //   dim for dim), so step N+1 reads what step N wrote with the same layout. Ties carry tiles, not partial
-//   sums: an input is never a partial sum.
+//   sums: an input is never a partial sum. A value the backward pass recomputes (remat.hpp) is tied to its
+//   original the same way.
 #include <deque>
 #include <map>
 #include <memory>
@@ -150,6 +151,10 @@ class PartitionState {
       const auto& o = program().outputs()[static_cast<std::size_t>(site)];
       return "output '" + o.name + "' updates input '" + o.updates + "'";
     }
+    if (via == Provenance::Via::remat) {
+      const auto& r = program().recomputes()[static_cast<std::size_t>(site)];
+      return "%" + std::to_string(r.value) + " recomputes %" + std::to_string(r.original) + " (remat " + r.policy + ")";
+    }
     return "%" + std::to_string(site) + " " + std::string(name_of(program().op(site).kind));
   }
 
@@ -172,6 +177,18 @@ class PartitionState {
     std::vector<Node> nodes;               // node i < program.size() is op i
     std::vector<std::vector<int>> users;   // value -> nodes holding it (leaf ops excluded: nothing to carry)
 
+    // Two tensors of one type sharing every factor, dim for dim.
+    static OpRule identity(const TensorType& t) {
+      std::vector<DimFactors> dims;
+      OpRule r;
+      for (auto s : t.shape) {
+        dims.push_back({static_cast<int>(r.factors.size())});
+        r.factors.push_back({s, FactorKind::pass_through, {}});
+      }
+      r.operands = {dims, dims};
+      return r;
+    }
+
     Graph(const Program& p, const Mesh& m) : program(p), mesh(m), users(static_cast<std::size_t>(p.size())) {
       for (ValueId v = 0; v < p.size(); ++v) {
         Node n{p.op(v).operands, true, Provenance::Via::op, v, rule_for(p, v)};
@@ -184,14 +201,13 @@ class PartitionState {
         const auto& o = p.outputs()[i];
         if (o.updates.empty()) continue;
         const ValueId in = inputs.at(o.updates);
-        std::vector<DimFactors> identity;
-        OpRule r;
-        for (auto s : p.type(in).shape) {
-          identity.push_back({static_cast<int>(r.factors.size())});
-          r.factors.push_back({s, FactorKind::pass_through, {}});
-        }
-        r.operands = {identity, identity};
-        nodes.push_back({{o.value, in}, false, Provenance::Via::tie, static_cast<std::int32_t>(i), std::move(r)});
+        nodes.push_back({{o.value, in}, false, Provenance::Via::tie, static_cast<std::int32_t>(i), identity(p.type(in))});
+      }
+      // A recomputed value is tied to its original alike: the backward pass computes it on the same tiles.
+      for (std::size_t i = 0; i < p.recomputes().size(); ++i) {
+        const auto& r = p.recomputes()[i];
+        nodes.push_back({{r.value, r.original}, false, Provenance::Via::remat, static_cast<std::int32_t>(i),
+                         identity(p.type(r.original))});
       }
       for (std::size_t n = 0; n < nodes.size(); ++n) {
         if (nodes[n].slots.size() < 2) continue;

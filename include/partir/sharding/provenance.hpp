@@ -14,7 +14,7 @@ inline constexpr std::int64_t replicated_dim = -2;  // a Replicate tactic keeps 
 
 // How one axis came to be on one value.
 struct Provenance {
-  enum class Via : std::uint8_t { seed, op, tie };
+  enum class Via : std::uint8_t { seed, op, tie, remat };
   int axis = -1;                 // mesh axis index
   std::int64_t dim = partial_dim;
   int tactic = -1;               // schedule index of the tactic whose step placed it

@@ -1,0 +1,164 @@
+#pragma once
+// Activation rematerialization: the backward pass computes some forward values again instead of keeping them
+// from the forward pass, trading FLOPs for memory (jax.checkpoint, PyTorch activation checkpointing,
+// Megatron's selective recomputation).
+//
+// A policy is a value, kept apart from the model and from the schedule: the model marks the boundaries of the
+// regions a policy may recompute with checkpoint_name() (nn::Gpt marks its embedding, each block's output and
+// each attention core's q, k, v and context), and a Remat names regions by those marks. A region runs from
+// values matching `from` to values matching `to`: the values reached forward from a `from` value and backward
+// from a `to` value, without passing another mark, are recomputed; marked values, inputs and everything
+// outside every region are kept. What the recomputation reads that cheap ops make from inputs alone (a bias
+// broadcast, a parameter's cast, the causal mask) is recomputed too, not kept for it.
+//
+// rematerialize() rewrites a program with a backward pass (train_step's): each recomputed value is computed
+// again just before its first use in the backward pass, from kept values, by the same ops in the same order, so
+// results are bitwise those of the program without remat. It is a transform on the step rather than a
+// tactic because it changes which ops run, where tactics only choose layouts: the partitioner then sees the
+// recomputed ops as ops, ties each to its original (they get the same layout), and ZeRO-3 gathers again
+// what the recomputation reads.
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "partir/ir/program.hpp"
+#include "partir/tactics/selector.hpp"
+
+namespace partir {
+
+struct RematRegion {
+  std::vector<std::string> from, to;  // globs over checkpoint names
+  friend bool operator==(const RematRegion&, const RematRegion&) = default;
+};
+
+struct Remat {
+  std::string name;  // names the recomputed values' provenance
+  std::vector<RematRegion> regions;
+
+  static Remat none() { return {"none", {}}; }
+  // Whole transformer blocks (nn::Gpt's marks): only the residual stream between blocks is kept.
+  static Remat blocks() { return {"blocks", {{{"**/embed", "**/layers/*/out"}, {"**/layers/*/out"}}}}; }
+  // Attention's core (Korthikanti et al.): scores, softmax and the weighted sum, recomputed from q, k, v.
+  static Remat selective() { return {"selective", {{{"**/attn/q", "**/attn/k", "**/attn/v"}, {"**/attn/context"}}}}; }
+  // The examples' --remat: none, blocks or selective.
+  static Remat parse(const std::string& text, const std::string& source) {
+    if (text == "none") return none();
+    if (text == "blocks") return blocks();
+    if (text == "selective") return selective();
+    user_error(source + ": unknown remat policy '" + text + "' (expected none, blocks or selective)");
+  }
+  friend bool operator==(const Remat&, const Remat&) = default;
+};
+
+namespace detail {
+
+// The marked forward values one region's globs select; a glob that selects none, or selects a value that is
+// not a forward value, is a UserError.
+inline std::set<ValueId> remat_marks(const Program& p, const Remat& r, const std::vector<std::string>& globs,
+                                     ValueId backward) {
+  std::set<ValueId> out;
+  for (const auto& g : globs) {
+    bool found = false;
+    for (const auto& [v, name] : p.checkpoint_names()) {
+      if (!glob_match(g, name)) continue;
+      found = true;
+      if (v >= backward)
+        user_error("remat '" + r.name + "': '" + name + "' is computed after the loss (by the backward pass or the "
+                   "update), so no forward region can end there");
+      out.insert(v);
+    }
+    if (!found)
+      user_error("remat '" + r.name + "': '" + g + "' matches no checkpoint name of program '" + p.name() +
+                 "' (the model marks region boundaries with checkpoint_name())");
+  }
+  return out;
+}
+
+// Which forward values of p the policy recomputes.
+inline std::vector<bool> recomputed_values(const Program& p, const Remat& r, ValueId backward) {
+  std::vector<bool> out(static_cast<std::size_t>(p.size()), false);
+  std::vector<std::vector<ValueId>> users(static_cast<std::size_t>(p.size()));
+  for (ValueId v = 0; v < backward; ++v)
+    for (auto o : p.op(v).operands) users[static_cast<std::size_t>(o)].push_back(v);
+  for (const auto& region : r.regions) {
+    const auto from = remat_marks(p, r, region.from, backward), to = remat_marks(p, r, region.to, backward);
+    auto marked = [&](ValueId v) { return from.count(v) || to.count(v); };
+    // Reached forward from `from`, then backward from `to`, never through a mark.
+    std::vector<char> ahead(static_cast<std::size_t>(p.size()), 0);
+    std::vector<ValueId> stack(from.begin(), from.end());
+    while (!stack.empty()) {
+      const ValueId v = stack.back();
+      stack.pop_back();
+      for (ValueId u : users[static_cast<std::size_t>(v)])
+        if (!marked(u) && !ahead[static_cast<std::size_t>(u)]) ahead[static_cast<std::size_t>(u)] = 1, stack.push_back(u);
+    }
+    std::vector<char> behind(static_cast<std::size_t>(p.size()), 0);
+    stack.assign(to.begin(), to.end());
+    while (!stack.empty()) {
+      const ValueId v = stack.back();
+      stack.pop_back();
+      for (ValueId o : p.op(v).operands)
+        if (!marked(o) && !behind[static_cast<std::size_t>(o)]) behind[static_cast<std::size_t>(o)] = 1, stack.push_back(o);
+    }
+    for (ValueId v = 0; v < backward; ++v)
+      if (ahead[static_cast<std::size_t>(v)] && behind[static_cast<std::size_t>(v)]) out[static_cast<std::size_t>(v)] = true;
+  }
+  return out;
+}
+
+}  // namespace detail
+
+// p with the values `remat` selects recomputed in the backward pass (see above). Remat::none() returns p.
+inline Program rematerialize(const Program& p, const Remat& remat) {
+  if (remat.regions.empty()) return p;
+  const auto backward = p.backward_start();
+  if (!backward) user_error("remat '" + remat.name + "': program '" + p.name() + "' has no backward pass to recompute in");
+  const std::vector<bool> recomputed = detail::recomputed_values(p, remat, *backward);
+  if (std::none_of(recomputed.begin(), recomputed.end(), [](bool b) { return b; }))
+    user_error("remat '" + remat.name + "': its regions of program '" + p.name() + "' hold no value to recompute");
+  // Values made from inputs and constants by cheap ops alone (a bias broadcast, a parameter's cast, a mask):
+  // recomputed wherever a recomputation reads them, rather than kept alive from the forward pass for it.
+  std::vector<bool> cheap(static_cast<std::size_t>(p.size()), false);
+  for (ValueId v = 0; v < *backward; ++v) {
+    const Op& op = p.op(v);
+    const bool moves = op.kind == OpKind::broadcast_in_dim || op.kind == OpKind::reshape || op.kind == OpKind::transpose;
+    cheap[static_cast<std::size_t>(v)] =
+        op.kind == OpKind::constant ||
+        ((moves || is_elementwise(op.kind)) && std::all_of(op.operands.begin(), op.operands.end(), [&](ValueId o) {
+           return p.op(o).kind == OpKind::input || cheap[static_cast<std::size_t>(o)];
+         }));
+  }
+
+  Program out(p.name());
+  std::vector<ValueId> copy(static_cast<std::size_t>(p.size()), -1), again(copy);
+  // v computed again, from kept values, before its first use in the backward pass (once: later uses share it).
+  std::function<ValueId(ValueId)> recompute = [&](ValueId v) -> ValueId {
+    auto& slot = again[static_cast<std::size_t>(v)];
+    if (slot >= 0) return slot;
+    Op op = p.op(v);
+    for (auto& o : op.operands) {
+      const auto k = static_cast<std::size_t>(o);
+      o = recomputed[k] || cheap[k] ? recompute(o) : copy[k];
+    }
+    op.name = "remat(" + remat.name + ")" + (op.name.empty() ? "" : ":" + op.name);
+    slot = out.add_unchecked(std::move(op));
+    out.add_recompute({slot, copy[static_cast<std::size_t>(v)], remat.name});
+    return slot;
+  };
+  for (ValueId v = 0; v < p.size(); ++v) {
+    if (v == *backward) out.mark_backward_start(out.size());
+    Op op = p.op(v);
+    for (auto& o : op.operands)
+      o = v >= *backward && o < *backward && recomputed[static_cast<std::size_t>(o)] ? recompute(o)
+                                                                                       : copy[static_cast<std::size_t>(o)];
+    copy[static_cast<std::size_t>(v)] = out.add_unchecked(std::move(op));
+  }
+  for (const auto& o : p.outputs()) out.add_output(o.name, copy[static_cast<std::size_t>(o.value)], o.updates);
+  for (const auto& [v, name] : p.checkpoint_names()) out.checkpoint_name(copy[static_cast<std::size_t>(v)], name);
+  for (const auto& r : p.recomputes())
+    out.add_recompute({copy[static_cast<std::size_t>(r.value)], copy[static_cast<std::size_t>(r.original)], r.policy});
+  return out;
+}
+
+}  // namespace partir
