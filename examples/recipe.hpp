@@ -56,8 +56,9 @@ inline Recipe recipe_flags(cli::Args& args, long steps, double default_lr) try {
                                         "constant, warmup, cosine, linear, warmup_cosine or warmup_linear");
   const long warmup = args.get_int("warmup", 0, "warmup steps of a warmup_* schedule");
   const double final_scale = args.get_double("final-lr-scale", 0.1, "the decay's last rate, as a fraction of --lr");
-  r.remat = p::Remat::parse(args.get("remat", "none", "recompute activations in the backward pass: none, blocks or "
-                                                      "selective (attention's core; both need nn::Gpt's marks)"),
+  r.remat = p::Remat::parse(args.get("remat", "none", "recompute activations in the backward pass: none, blocks, "
+                                                      "selective (attention's core and the MLP's activation) or "
+                                                      "attention (its core only); nn::Gpt's marks"),
                             "--remat");
   if (r.optimizer != "adamw" && r.optimizer != "adam" && r.optimizer != "sgd")
     p::user_error("--optimizer: expected adamw, adam or sgd, got '" + r.optimizer + "'");

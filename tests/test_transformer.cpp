@@ -696,21 +696,31 @@ TEST_CASE("remat: blocks and selective recompute in the backward pass, bitwise e
       CHECK(p->op(r.value).name.starts_with("remat(" + r.policy + ")"));
     }
   }
-  // Selective recomputes the attention core only: score-shaped values [B, H, S, S] and their neighbours.
+  // Attention recomputes its core only: score-shaped values [B, H, S, S] and their neighbours, no matmul of a
+  // weight; selective adds the MLP's activation function (GELU's elementwise ops, from its input).
+  const Program attention = train_remat(c, Remat::attention());
   int scores = 0;
-  for (const auto& r : selective.recomputes()) {
-    const Shape& s = selective.type(r.value).shape;
-    scores += s == Shape{batch, c.heads, c.seq, c.seq};
-    CHECK(selective.op(r.original).name.find("mlp") == std::string::npos);
+  for (const auto& r : attention.recomputes()) {
+    scores += attention.type(r.value).shape == Shape{batch, c.heads, c.seq, c.seq};
+    const Op& op = attention.op(r.original);
+    CHECK(!(op.kind == OpKind::dot_general && attention.op(op.operands[1]).kind == OpKind::input));
   }
   CHECK(scores >= 4);
-  CHECK(blocks.recomputes().size() > 3 * selective.recomputes().size());
+  auto elementwise = [](const Program& p) {
+    std::size_t n = 0;
+    for (const auto& r : p.recomputes()) n += is_elementwise(p.op(r.original).kind);
+    return n;
+  };
+  CHECK(selective.recomputes().size() > attention.recomputes().size());
+  CHECK(elementwise(selective) > elementwise(attention));
+  CHECK(blocks.recomputes().size() > 2 * selective.recomputes().size());
 
   NamedArrays state = random_inputs(none, c.vocab, 21);
   RunStats plain, by_blocks, by_selective;
   const NamedArrays expect = interpret(none, state, &plain);
   CHECK(interpret(blocks, state, &by_blocks) == expect);
   CHECK(interpret(selective, state, &by_selective) == expect);
+  CHECK(interpret(attention, state) == expect);
   CHECK(by_blocks.peak_bytes < 0.7 * static_cast<double>(plain.peak_bytes));
   CHECK(by_selective.peak_bytes < plain.peak_bytes);
 }

@@ -5,7 +5,8 @@
 //
 // A policy is a value, kept apart from the model and from the schedule: the model marks the boundaries of the
 // regions a policy may recompute with checkpoint_name() (nn::Gpt marks its embedding, each block's output and
-// each attention core's q, k, v and context), and a Remat names regions by those marks. A region runs from
+// each attention core's q, k, v and context; nn::Mlp the input and output of its activation function), and a
+// Remat names regions by those marks. A region runs from
 // values matching `from` to values matching `to`: the values reached forward from a `from` value and backward
 // from a `to` value, without passing another mark, are recomputed; marked values, inputs and everything
 // outside every region are kept. What the recomputation reads that cheap ops make from inputs alone (a bias
@@ -39,16 +40,24 @@ struct Remat {
   static Remat none() { return {"none", {}}; }
   // Whole transformer blocks (nn::Gpt's marks): only the residual stream between blocks is kept.
   static Remat blocks() { return {"blocks", {{{"**/embed", "**/layers/*/out"}, {"**/layers/*/out"}}}}; }
-  // Attention's core (Korthikanti et al.): scores, softmax and the weighted sum, recomputed from q, k, v.
-  static Remat selective() { return {"selective", {{{"**/attn/q", "**/attn/k", "**/attn/v"}, {"**/attn/context"}}}}; }
-  // The examples' --remat: none, blocks or selective.
+  // Attention's core alone (Megatron's selective recomputation, Korthikanti et al.): scores, softmax and the
+  // weighted sum, recomputed from q, k, v.
+  static Remat attention() { return {"attention", {attention_core()}}; }
+  // What is cheap to recompute: attention's core and the MLP's activation function (elementwise, from its
+  // input, nn::Mlp's a{i} to h{i}); every matmul output is kept.
+  static Remat selective() { return {"selective", {attention_core(), {{"**/mlp/a*"}, {"**/mlp/h*"}}}}; }
+  // The examples' --remat: none, blocks, selective or attention.
   static Remat parse(const std::string& text, const std::string& source) {
     if (text == "none") return none();
     if (text == "blocks") return blocks();
     if (text == "selective") return selective();
-    user_error(source + ": unknown remat policy '" + text + "' (expected none, blocks or selective)");
+    if (text == "attention") return attention();
+    user_error(source + ": unknown remat policy '" + text + "' (expected none, blocks, selective or attention)");
   }
   friend bool operator==(const Remat&, const Remat&) = default;
+
+ private:
+  static RematRegion attention_core() { return {{"**/attn/q", "**/attn/k", "**/attn/v"}, {"**/attn/context"}}; }
 };
 
 namespace detail {

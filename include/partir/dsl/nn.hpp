@@ -26,7 +26,8 @@ struct Linear {
 };
 
 // Multi-layer perceptron: sizes {in, h1, ..., out}; layer i has params name/w{i}, name/b{i} (from 1);
-// the activation follows every layer but the last; its outputs are tagged and checkpoint-named name/h{i}.
+// the activation follows every layer but the last; its inputs are checkpoint-named name/a{i} and its outputs
+// tagged and checkpoint-named name/h{i} (the bounds of the activation function, for remat).
 struct Mlp {
   std::string name;
   std::vector<std::int64_t> sizes;
@@ -37,7 +38,8 @@ struct Mlp {
     for (std::size_t i = 0; i + 1 < sizes.size(); ++i) {
       const auto n = std::to_string(i + 1);
       x = dense(x, name + "/w" + n, name + "/b" + n, sizes[i], sizes[i + 1]);
-      if (i + 2 < sizes.size()) x = checkpoint_name(tag(activation(x), name + "/h" + n), name + "/h" + n);
+      if (i + 2 < sizes.size())
+        x = checkpoint_name(tag(activation(checkpoint_name(x, name + "/a" + n)), name + "/h" + n), name + "/h" + n);
     }
     return x;
   }
