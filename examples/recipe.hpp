@@ -1,7 +1,7 @@
 #pragma once
 // The training recipe flags the examples share: --optimizer adamw|adam|sgd, --lr, --weight-decay, --momentum,
-// --clip, --lr-schedule, --warmup, --final-lr-scale, --remat. With the defaults (Adam, constant rate, no
-// clipping, no remat) the step is the plain Adam step.
+// --clip, --lr-schedule, --warmup, --final-lr-scale, --remat, --microbatches. With the defaults (Adam, constant
+// rate, no clipping, no remat, one microbatch) the step is the plain Adam step.
 #include <partir/partir.hpp>
 
 #include "cli.hpp"
@@ -18,9 +18,10 @@ struct Recipe {
   std::optional<double> clip;
   p::LRSchedule schedule;
   p::Remat remat = p::Remat::none();
+  int microbatches = 1;
 
   p::StepOptions step_options(const p::MixedPrecision& precision) const {
-    return {precision, clip, schedule != p::LRSchedule::constant(), remat};
+    return {precision, clip, schedule != p::LRSchedule::constant(), remat, microbatches};
   }
 
   // train_step(loss_fn, <the chosen optimizer>, data, step_options(precision)).
@@ -60,6 +61,8 @@ inline Recipe recipe_flags(cli::Args& args, long steps, double default_lr) try {
                                                       "selective (attention's core and the MLP's activation) or "
                                                       "attention (its core only); nn::Gpt's marks"),
                             "--remat");
+  r.microbatches = static_cast<int>(args.get_int("microbatches", 1, "gradient accumulation: the batch as M microbatches, "
+                                                                    "one optimizer step"));
   if (r.optimizer != "adamw" && r.optimizer != "adam" && r.optimizer != "sgd")
     p::user_error("--optimizer: expected adamw, adam or sgd, got '" + r.optimizer + "'");
   auto number = [](const std::string& flag, const std::string& text) {

@@ -4,7 +4,8 @@
 // same 16-bit program; partial sums rounded at other points allow a few 16-bit ulps (see test_transformer).
 // With RECIPE "recipe", the step is AdamW with gradients clipped to a global norm and a learning rate fed
 // each step (StepOptions): the clipping's norm is reduced across the ranks that split the gradients. With
-// "remat", the backward pass recomputes the second layer (between the MLP's marks h1 and h2).
+// "remat", the backward pass recomputes the second layer (between the MLP's marks h1 and h2); with "accum",
+// the batch runs as 2 microbatches (gradient accumulation).
 // usage: mpi_train MESH SCHEDULE [PRECISION [RECIPE]]
 #include <partir/partir.hpp>
 #include <partir/runtime/mpi.hpp>
@@ -22,9 +23,10 @@ int main(int argc, char** argv) {
   }
   try {
     const p::MixedPrecision precision = p::MixedPrecision::parse(argc >= 4 ? argv[3] : "f32");
-    const bool recipe = argc == 5 && std::string(argv[4]) == "recipe", remat = argc == 5 && std::string(argv[4]) == "remat";
-    if (argc == 5 && !recipe && !remat)
-      throw p::UserError(std::string("RECIPE: expected 'recipe' or 'remat', got '") + argv[4] + "'");
+    const std::string variant = argc == 5 ? argv[4] : "";
+    const bool recipe = variant == "recipe", remat = variant == "remat", accum = variant == "accum";
+    if (argc == 5 && !recipe && !remat && !accum)
+      throw p::UserError("RECIPE: expected 'recipe', 'remat' or 'accum', got '" + variant + "'");
     const double tolerance = precision.compute == p::DType::f32 ? 1e-5 : 3e-2;
     p::nn::Mlp model{"params/mlp", {8, 32, 16, 8}};
     auto loss = [&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); };
@@ -35,7 +37,8 @@ int main(int argc, char** argv) {
                : p::train_step(loss, p::Adam{1e-2}, data,
                                p::StepOptions{.precision = precision,
                                               .remat = remat ? p::Remat{"layer 2", {{{"params/mlp/h1"}, {"params/mlp/h2"}}}}
-                                                             : p::Remat::none()});
+                                                             : p::Remat::none(),
+                                              .microbatches = accum ? 2 : 1});
     if (remat && step.recomputes().empty()) throw p::UserError("remat: nothing is recomputed");
     const p::LRSchedule schedule = p::LRSchedule::warmup(2).then_cosine(2);
     auto lr_scale = [&](int s) { return p::Array({}, std::vector<double>{schedule.at(s)}); };
@@ -76,7 +79,7 @@ int main(int argc, char** argv) {
     MPI_Allreduce(&worst, &all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (comm.device() == 0)
       std::printf("mpi_train %s %s %s%s: %zu collectives, max relative error %.3g over 3 steps\n", argv[1], argv[2],
-                  std::string(p::name_of(precision.compute)).c_str(), recipe ? " recipe" : remat ? " remat" : "", spmd.collectives().size(), all);
+                  std::string(p::name_of(precision.compute)).c_str(), variant.empty() ? "" : (" " + variant).c_str(), spmd.collectives().size(), all);
     return all < tolerance ? 0 : 1;
   } catch (const p::UserError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());

@@ -522,3 +522,19 @@ TEST_CASE("catalog: rematerialization") {
   CHECK_THROWS_WITH_AS(Remat::parse("core", "--remat"),
                        "--remat: unknown remat policy 'core' (expected none, blocks, selective or attention)", UserError);
 }
+
+TEST_CASE("catalog: gradient accumulation") {
+  nn::Mlp model{"params/mlp", {8, 32, 8}};
+  auto loss = [&](Tensor x, Tensor y) { return mse(model(x), y); };
+  // E96 microbatches that do not divide a data input's batch dim, and fewer than one
+  StepOptions three;
+  three.microbatches = 3;
+  CHECK_THROWS_WITH_AS(train_step(loss, Adam{}, {{"x", {16, 8}}, {"y", {16, 8}}}, three),
+                       "train_step 'train_step': data input 'x' f32[16,8] has no leading batch dim that 3 microbatches "
+                       "divide",
+                       UserError);
+  StepOptions none;
+  none.microbatches = 0;
+  CHECK_THROWS_WITH_AS(train_step(loss, Adam{}, {{"x", {16, 8}}, {"y", {16, 8}}}, none),
+                       "train_step 'train_step': microbatches 0 (a step runs at least 1 microbatch)", UserError);
+}

@@ -53,6 +53,13 @@ Program train_recipe(const nn::GptConfig& c, DType compute = DType::f32) {
                     AdamW{.learning_rate = 1e-2, .eps = 1e-3, .weight_decay = 0.1}, data_specs(c), options);
 }
 
+// train(c, 1e-3) with StepOptions (remat, microbatches).
+Program train_with(const nn::GptConfig& c, const StepOptions& options) {
+  const nn::Gpt model{c};
+  return train_step([&](Tensor t, Tensor y) { return model.loss(t, y); }, Adam{1e-2, 0.9, 0.999, 1e-3}, data_specs(c),
+                    options);
+}
+
 // The loss alone: what the train step computes before its backward pass.
 Program forward(const nn::GptConfig& c) {
   const nn::Gpt model{c};
@@ -141,6 +148,22 @@ Error max_error(const Program& step, const SpmdProgram& spmd, std::int64_t vocab
     carry_state(step, sharded_state, std::move(results[0].outputs));
   }
   return worst;
+}
+
+// A plan of a differential test: step partitioned by `schedule` on `mesh` must compute what one device does.
+struct PlanCase {
+  std::string label;
+  Mesh mesh;
+  Schedule schedule;
+};
+const Mesh square{{"batch", 2}, {"model", 2}};
+const Mesh cube{{"pod", 2}, {"batch", 2}, {"model", 2}};
+void check_plans(const Program& step, const std::vector<PlanCase>& cases, std::int64_t vocab, std::uint64_t seed) {
+  for (const auto& k : cases) {
+    CAPTURE(k.label);
+    const Error error = max_error(step, lower(partition(step, k.mesh, k.schedule)), vocab, ++seed);
+    CHECK_MESSAGE(error.value < 1e-4, error.where);
+  }
 }
 
 const Sharding& input_layout(const SpmdProgram& p, const std::string& name) {
@@ -340,7 +363,6 @@ TEST_CASE("plan: compositions on a 2x2 mesh add their parts") {
 }
 
 TEST_CASE("plan: compositions on a 2x2x2 mesh, data parallel over two axes") {
-  const Mesh cube{{"pod", 2}, {"batch", 2}, {"model", 2}};
   const Program step = train(small(2));
   const auto P = static_cast<int>(parameters(step).size());
   const auto R = static_cast<int>(read_by_backward(small(2)).size());
@@ -398,8 +420,6 @@ TEST_CASE("differential: GPT train steps under compositions equal the single-dev
     Schedule schedule;
     bool tied = true, multi_query = false;
   };
-  const Mesh square{{"batch", 2}, {"model", 2}};
-  const Mesh cube{{"pod", 2}, {"batch", 2}, {"model", 2}};
   const Schedule cube_bp{data_parallel("pod"), data_parallel("batch")};
   auto with = [](Schedule s, std::vector<Tactic> more) {
     s.insert(s.end(), more.begin(), more.end());
@@ -489,8 +509,6 @@ TEST_CASE("differential: bf16 and f16 plans under compositions equal the same pr
   // gradients in another order and rounds them at other points (a partial sum is rounded before the
   // all_reduce): results differ by a few 16-bit ulps (2^-8 relative for bf16), which two Adam steps carry
   // into the parameters by at most a few lr * ulp. Hence 3e-2 relative, against 1e-4 for f32.
-  const Mesh square{{"batch", 2}, {"model", 2}};
-  const Mesh cube{{"pod", 2}, {"batch", 2}, {"model", 2}};
   struct Case {
     std::string label;
     Mesh mesh;
@@ -643,14 +661,8 @@ TEST_CASE("plan: global-norm clipping adds one scalar all_reduce per group of ax
 }
 
 TEST_CASE("differential: the clipped AdamW step with a scheduled rate equals the single-device step") {
-  const Mesh square{{"batch", 2}, {"model", 2}};
-  const Mesh cube{{"pod", 2}, {"batch", 2}, {"model", 2}};
-  struct Case {
-    std::string label;
-    Mesh mesh;
-    Schedule schedule;
-  };
-  const std::vector<Case> cases = {
+  const nn::GptConfig c = small(2);
+  check_plans(train_recipe(c), {
       {"bp 4", Mesh{{"batch", 4}}, parse_schedule("bp")},
       {"bp,z3 4", Mesh{{"batch", 4}}, parse_schedule("bp,z3")},
       {"bp,mp 2x2", square, parse_schedule("bp,mp")},
@@ -658,34 +670,17 @@ TEST_CASE("differential: the clipped AdamW step with a scheduled rate equals the
       {"bp,mp,z3 2x2x2", cube, {data_parallel("pod"), data_parallel("batch"), megatron("model"), zero3("batch")}},
       {"bp,mp,z2,emb 2x2x2", cube,
        {data_parallel("pod"), data_parallel("batch"), megatron("model"), zero2("pod"), embedding("model")}},
-  };
-  const nn::GptConfig c = small(2);
-  const Program step = train_recipe(c);
-  std::uint64_t seed = 300;
-  for (const auto& k : cases) {
-    CAPTURE(k.label);
-    const Error error = max_error(step, lower(partition(step, k.mesh, k.schedule)), c.vocab, ++seed);
-    CHECK_MESSAGE(error.value < 1e-4, error.where);
-  }
+  }, c.vocab, 300);
 }
 
 // ---- activation rematerialization ----
 
-namespace {
-Program train_remat(const nn::GptConfig& c, const Remat& remat) {
-  const nn::Gpt model{c};
-  StepOptions options;
-  options.remat = remat;
-  return train_step([&](Tensor t, Tensor y) { return model.loss(t, y); }, Adam{1e-2, 0.9, 0.999, 1e-3}, data_specs(c),
-                    options);
-}
-}  // namespace
-
 TEST_CASE("remat: blocks and selective recompute in the backward pass, bitwise equal, in less memory") {
   nn::GptConfig c = small(4);
   c.seq = 16;
-  const Program none = train(c, 1e-3), blocks = train_remat(c, Remat::blocks()), selective = train_remat(c, Remat::selective());
-  CHECK(train_remat(c, Remat::none()) == none);
+  const Program none = train(c, 1e-3), blocks = train_with(c, {.remat = Remat::blocks()}),
+                selective = train_with(c, {.remat = Remat::selective()});
+  CHECK(train_with(c, {.remat = Remat::none()}) == none);
   // Every recomputation runs in the backward pass and names its policy.
   for (const Program* p : {&blocks, &selective}) {
     REQUIRE(!p->recomputes().empty());
@@ -698,7 +693,7 @@ TEST_CASE("remat: blocks and selective recompute in the backward pass, bitwise e
   }
   // Attention recomputes its core only: score-shaped values [B, H, S, S] and their neighbours, no matmul of a
   // weight; selective adds the MLP's activation function (GELU's elementwise ops, from its input).
-  const Program attention = train_remat(c, Remat::attention());
+  const Program attention = train_with(c, {.remat = Remat::attention()});
   int scores = 0;
   for (const auto& r : attention.recomputes()) {
     scores += attention.type(r.value).shape == Shape{batch, c.heads, c.seq, c.seq};
@@ -728,7 +723,6 @@ TEST_CASE("remat: blocks and selective recompute in the backward pass, bitwise e
 TEST_CASE("differential: remat on and off give bitwise equal partitioned steps; recomputed values keep the layouts") {
   const nn::GptConfig c = small(2);
   const Program none = train(c, 1e-3);
-  const Mesh square{{"batch", 2}, {"model", 2}};
   struct Case {
     std::string label;
     Mesh mesh;
@@ -739,7 +733,7 @@ TEST_CASE("differential: remat on and off give bitwise equal partitioned steps; 
                                    {"bp,mp 2x2", square, "bp,mp"},
                                    {"bp,mp,z3 2x2", square, "bp,mp,z3"}};
   for (const Remat& remat : {Remat::blocks(), Remat::selective()}) {
-    const Program step = train_remat(c, remat);
+    const Program step = train_with(c, {.remat = remat});
     for (const auto& k : cases) {
       CAPTURE(remat.name);
       CAPTURE(k.label);
@@ -759,7 +753,7 @@ TEST_CASE("remat: ZeRO-3 gathers a parameter the recomputation reads in the back
   const nn::GptConfig c = small(2);
   const Mesh line{{"batch", 4}};
   const SpmdProgram plain = lower(partition(train(c, 1e-3), line, parse_schedule("bp,z3")));
-  const SpmdProgram blocks = lower(partition(train_remat(c, Remat::blocks()), line, parse_schedule("bp,z3")));
+  const SpmdProgram blocks = lower(partition(train_with(c, {.remat = Remat::blocks()}), line, parse_schedule("bp,z3")));
   // The backward pass already gathers the weights its gradients read; what only the recomputation reads
   // (the layer norms' and the query's biases) is gathered there too.
   CHECK(plan(blocks).at("all_gather{batch}") > plan(plain).at("all_gather{batch}"));
@@ -789,4 +783,44 @@ TEST_CASE("remat search: a budget the plain plan exceeds is met with remat, and 
                        ("choose_remat: no policy fits the budget of 1.00 KiB per device; the smallest predicted peak is " +
                         human_bytes(static_cast<double>(std::min(blocks, peak(Remat::selective()))))).c_str(),
                        UserError);
+}
+
+// ---- gradient accumulation ----
+
+TEST_CASE("accumulation: M microbatches step as the whole batch does, in less activation memory") {
+  nn::GptConfig c = small(2);
+  c.seq = 16;
+  const Program whole = train(c, 1e-3);
+  NamedArrays state = random_inputs(whole, c.vocab, 51);
+  RunStats one;
+  const NamedArrays expect = interpret(whole, state, &one);
+  for (int m : {2, 4, 8}) {
+    CAPTURE(m);
+    const Program step = train_with(c, {.microbatches = m});
+    RunStats stats;
+    const NamedArrays got = interpret(step, state, &stats);
+    for (const auto& [name, a] : expect)
+      for (std::int64_t i = 0; i < a.size(); ++i)
+        CHECK(got.at(name).at(i) == doctest::Approx(a.at(i)).epsilon(1e-4).scale(1e-3));
+    CHECK(stats.peak_bytes < one.peak_bytes);
+  }
+}
+
+TEST_CASE("accumulation: partitioned microbatched steps equal the single-device one; BP reduces once per step") {
+  const nn::GptConfig c = small(2);
+  const Program step = train_with(c, {.microbatches = 2});
+  check_plans(step, {
+      {"bp 4", Mesh{{"batch", 4}}, parse_schedule("bp")},
+      {"bp,z2 4", Mesh{{"batch", 4}}, parse_schedule("bp,z2")},
+      {"bp,mp,z3 2x2", square, parse_schedule("bp,mp,z3")},
+      {"bp,mp,z3 2x2x2", cube, {data_parallel("pod"), data_parallel("batch"), megatron("model"), zero3("batch")}},
+  }, c.vocab, 60);
+  // Each microbatch's rows stay on the devices that hold them, and the gradients add up before the one
+  // reduction: the same collectives as the single-batch step.
+  const Mesh line{{"batch", 4}};
+  for (const char* schedule : {"bp", "bp,z2"}) {
+    CAPTURE(schedule);
+    CHECK(plan(lower(partition(step, line, parse_schedule(schedule)))) ==
+          plan(lower(partition(train(c, 1e-3), line, parse_schedule(schedule)))));
+  }
 }

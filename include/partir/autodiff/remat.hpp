@@ -6,10 +6,9 @@
 // A policy is a value, kept apart from the model and from the schedule: the model marks the boundaries of the
 // regions a policy may recompute with checkpoint_name() (nn::Gpt marks its embedding, each block's output and
 // each attention core's q, k, v and context; nn::Mlp the input and output of its activation function), and a
-// Remat names regions by those marks. A region runs from
-// values matching `from` to values matching `to`: the values reached forward from a `from` value and backward
-// from a `to` value, without passing another mark, are recomputed; marked values, inputs and everything
-// outside every region are kept. What the recomputation reads that cheap ops make from inputs alone (a bias
+// Remat names regions by those marks. A region runs from values matching `from` to values matching `to`: the
+// values reached forward from a `from` value and backward from a `to` value, without passing another mark, are
+// recomputed; marked values, inputs and everything outside every region are kept. What the recomputation reads that cheap ops make from inputs alone (a bias
 // broadcast, a parameter's cast, the causal mask) is recomputed too, not kept for it.
 //
 // rematerialize() rewrites a program with a backward pass (train_step's): each recomputed value is computed
@@ -18,6 +17,7 @@
 // tactic because it changes which ops run, where tactics only choose layouts: the partitioner then sees the
 // recomputed ops as ops, ties each to its original (they get the same layout), and ZeRO-3 gathers again
 // what the recomputation reads.
+#include <algorithm>
 #include <functional>
 #include <set>
 #include <string>

@@ -26,12 +26,29 @@ struct StepOptions {
   bool scheduled_learning_rate = false;
   // Forward values the backward pass recomputes instead of keeping (remat.hpp).
   Remat remat = Remat::none();
+  // Gradient accumulation: the batch runs as this many microbatches, each forward then backward, and the
+  // optimizer applies the mean of their gradients once: the step on the whole batch, in one microbatch's
+  // activation memory. Every data input's dim 0 is the batch.
+  int microbatches = 1;
 
   static constexpr const char* lr_scale_name = "opt/lr_scale";
   static constexpr const char* clip_tag = "clip/global_norm";
 };
 
 namespace detail {
+// Rows j, j + m, j + 2m... of x (dim 0).
+inline Tensor microbatch(const Tensor& x, int j, int m) {
+  Shape split = x.shape();
+  split[0] /= m;
+  split.insert(split.begin() + 1, m);
+  std::vector<std::int64_t> lo(split.size(), 0), hi(split.begin(), split.end());
+  lo[1] = j;
+  hi[1] = j + 1;
+  Shape rows = x.shape();
+  rows[0] /= m;
+  return reshape(slice(reshape(x, split), std::move(lo), std::move(hi)), rows);
+}
+
 // Dynamic loss scaling (precision.hpp's LossScaling) around a step's gradients and updates.
 class LossScaler {
  public:
@@ -112,18 +129,29 @@ Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>
   if (precision) precision->check(who);
   if (options.clip_norm && !(*options.clip_norm > 0))
     user_error(who + ": clip_norm " + number_str(*options.clip_norm) + " (a gradient norm limit is > 0)");
-  ValueId loss;
-  {
+  const int m = options.microbatches;
+  if (m < 1) user_error(who + ": microbatches " + std::to_string(m) + " (a step runs at least 1 microbatch)");
+  std::vector<ValueId> inputs;
+  for (const auto& in : data) {
+    if (m > 1 && (in.shape.empty() || in.shape[0] % m != 0))
+      user_error(who + ": data input '" + in.name + "' " + to_string(TensorType{in.shape, in.dtype}) +
+                 " has no leading batch dim that " + std::to_string(m) + " microbatches divide");
+    inputs.push_back(p.add_input(in.name, {in.shape, in.dtype}));
+  }
+  // The loss of microbatch j: rows j, j + m, j + 2m... of every data input (a strided split, so that a batch
+  // tiled on dim 0 splits on every device alike: each microbatch's rows stay where the batch's are).
+  auto trace_loss = [&](int j) {
     TraceScope scope(p);
     std::optional<PrecisionScope> policy;
     if (precision) policy.emplace(*precision);
     std::vector<Tensor> xs;
-    for (const auto& in : data) xs.push_back(detail::to_compute(p, p.add_input(in.name, {in.shape, in.dtype})));
+    for (ValueId in : inputs) xs.push_back(detail::to_compute(p, m > 1 ? detail::microbatch(Tensor{p, in}, j, m).id() : in));
     auto result = detail::call_traced(loss_fn, xs);
     static_assert(std::is_same_v<decltype(result), Tensor>, "train_step: the loss function must return a Tensor");
     detail::check_loss_type(who, "the loss", p.type(result.id()));
-    loss = (precision ? convert(result, precision->output) : result).id();
-  }
+    return precision ? convert(result, precision->output) : result;
+  };
+  Tensor loss = trace_loss(0);
   std::vector<ValueId> params;
   for (auto v : p.inputs())
     if (p.op(v).attrs.input_kind == InputKind::parameter) params.push_back(v);
@@ -132,7 +160,22 @@ Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>
 
   std::optional<LossScaler> scaler;
   if (precision && precision->loss_scaling) scaler.emplace(p, *precision->loss_scaling);
-  auto grads = grad(p, scaler ? scaler->scaled(p, loss) : loss, params);
+  auto grads = grad(p, scaler ? scaler->scaled(p, loss.id()) : loss.id(), params);
+  if (m > 1) {
+    // Each microbatch's backward pass follows its forward pass, so one microbatch's activations live at a
+    // time; the mean of the microbatch means is the batch's mean. add_n keeps partial gradients partial:
+    // data parallelism reduces each gradient once per step, not once per microbatch.
+    std::vector<Tensor> losses{loss};
+    std::vector<std::vector<Tensor>> parts(params.size());
+    for (std::size_t i = 0; i < params.size(); ++i) parts[i].push_back(Tensor{p, grads[i]});
+    for (int j = 1; j < m; ++j) {
+      losses.push_back(trace_loss(j));
+      const auto more = grad(p, scaler ? scaler->scaled(p, losses.back().id()) : losses.back().id(), params);
+      for (std::size_t i = 0; i < params.size(); ++i) parts[i].push_back(Tensor{p, more[i]});
+    }
+    loss = add_n(losses) * (1.0 / m);
+    for (std::size_t i = 0; i < params.size(); ++i) grads[i] = (add_n(parts[i]) * (1.0 / m)).id();
+  }
   if (scaler) grads = scaler->unscale(p, grads);
   ValueId norm = -1;
   if (options.clip_norm) grads = clip_by_global_norm(p, grads, *options.clip_norm, norm);
@@ -140,7 +183,7 @@ Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>
   if (options.scheduled_learning_rate) lr_scale = Tensor{p, p.add_input(StepOptions::lr_scale_name, {{}, DType::f64})};
   std::vector<ParamUpdate> updates;
   for (std::size_t i = 0; i < params.size(); ++i) updates.push_back(opt.update(p, params[i], grads[i], lr_scale));
-  p.add_output("loss", loss);
+  p.add_output("loss", loss.id());
   if (norm >= 0) p.add_output("grad_norm", norm);
   // Under loss scaling a step with inf/NaN gradients leaves every parameter and optimizer state as it was.
   auto output = [&](const std::string& name, ValueId value, const std::string& updates_input) {
