@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
     const p::Program next = gpt::next_token_program(model, prompts);
     const p::SpmdProgram decode = p::lower(p::partition(next, mesh, p::parse_schedule(schedule_text)));
     const examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), batch * seq, "",
-                                        "gpt_infer training", checkpoint};
+                                        "gpt_infer training", checkpoint, 1, recipe};
     auto next_batch = [&](long s) { return gpt::batch_at(text, batch, seq, static_cast<std::uint64_t>(seed), s); };
 
     auto run = [&]<p::Communicator C>(C& comm) {
