@@ -1,11 +1,12 @@
 // Collectives microbenchmark in nccl-tests' conventions, through partir's Communicator backends.
-//   collectives -b 8 -e 64M -f 2 -n 20 -w 5 -r 3 -o all_reduce|all_gather|reduce_scatter|all_to_all|all
+//   collectives -b 8 -e 64M -f 2 -n 20 -w 5 -r 3 -o all_reduce|all_gather|reduce_scatter|all_to_all|sendrecv|all
 //               --backend threads|mpi|nccl  --devices 4 (threads)  --mesh batch=2,model=2 --axis model
 //               --json out.json  --raw (mpi: also time MPI called directly; prints the ratio)
 //               --rs-alternatives (mpi: reduce_scatter built four ways)  --calibrate profile.json
 // size is the full buffer S in bytes (count = S / 4 floats): the all_reduce buffer, the all_gather result,
 // the reduce_scatter operand, the all_to_all operand. algbw = S / time; busbw = algbw x 2(n-1)/n for
-// all_reduce, (n-1)/n for the others. time: the slowest device's mean over -n back-to-back calls, best of
+// all_reduce, (n-1)/n for the others; sendrecv (pipeline stages' point to point, as OSU's bidirectional test): each
+// member sends S to the next member of its group and receives S from the previous one, busbw = algbw. time: the slowest device's mean over -n back-to-back calls, best of
 // -r rounds (3; a shared machine's noise only ever adds time).
 // #wrong counts elements that differ from the exactly known result of one checked call.
 //
@@ -73,7 +74,7 @@ Options parse(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "-h" || a == "--help") {
       std::cout << "usage: collectives [-b min] [-e max] [-f factor] [-n iters] [-w warmup] [-r rounds] [-c 0|1]\n"
-                   "  [-o all_reduce|all_gather|reduce_scatter|all_to_all|all] [--backend threads|mpi|nccl]\n"
+                   "  [-o all_reduce|all_gather|reduce_scatter|all_to_all|sendrecv|all] [--backend threads|mpi|nccl]\n"
                    "  [--devices N (threads)] [--mesh a=2,b=2] [--axis a[,b]] [--json out.json] [--raw]\n"
                    "  [--rs-alternatives] [--calibrate profile.json]\n";
       std::exit(0);
@@ -87,9 +88,11 @@ Options parse(int argc, char** argv) {
     else if (a == "-c") o.check = value(i) != "0";
     else if (a == "-o") {
       const std::string op = value(i);
-      o.ops = op == "all" ? std::vector{CollectiveKind::all_reduce, CollectiveKind::all_gather,
-                                        CollectiveKind::reduce_scatter, CollectiveKind::all_to_all}
-                          : std::vector{p::parse_collective_kind(op)};
+      o.ops = op == "all"        ? std::vector{CollectiveKind::all_reduce, CollectiveKind::all_gather,
+                                                CollectiveKind::reduce_scatter, CollectiveKind::all_to_all,
+                                                CollectiveKind::send}
+              : op == "sendrecv" ? std::vector{CollectiveKind::send}
+                                 : std::vector{p::parse_collective_kind(op)};
       if (o.ops[0] == CollectiveKind::all_slice) fail("all_slice communicates nothing");
     } else if (a == "--backend") o.backend = value(i);
     else if (a == "--devices") o.devices = std::atoi(value(i).c_str());
@@ -132,10 +135,18 @@ Call partir_call(C& comm) {
       case CollectiveKind::all_gather: comm.all_gather(g, in, out, count, p::DType::f32); break;
       case CollectiveKind::reduce_scatter: comm.reduce_scatter(g, in, out, count, p::DType::f32); break;
       case CollectiveKind::all_to_all: comm.all_to_all(g, in, out, count, p::DType::f32); break;
-      case CollectiveKind::all_slice: break;
+      case CollectiveKind::send: {
+        const int pos = g.index_of(comm.device()), n = g.size();
+        comm.send(g.devices[static_cast<std::size_t>((pos + 1) % n)], in, count, p::DType::f32, 0);
+        comm.recv(g.devices[static_cast<std::size_t>((pos + n - 1) % n)], out, count, p::DType::f32, 0);
+        break;
+      }
+      case CollectiveKind::all_slice: case CollectiveKind::recv: break;
     }
   };
 }
+
+std::string row_name(CollectiveKind k) { return k == CollectiveKind::send ? "sendrecv" : std::string(p::name_of(k)); }
 
 // Elements of the input and output buffers, and the count per contribution, for a full buffer of S bytes
 // (rounded down to a whole number of blocks).
@@ -148,6 +159,7 @@ Buffers buffers(CollectiveKind k, std::int64_t bytes, std::int64_t n) {
     case CollectiveKind::all_reduce: return {full, full, 0};
     case CollectiveKind::all_gather: return {full / n, full / n, full};
     case CollectiveKind::reduce_scatter: return {full / n, full, full / n};
+    case CollectiveKind::send: return {full, full, full};
     default: return {full / n, full, full};
   }
 }
@@ -174,6 +186,9 @@ long wrong_elements(const Call& call, const p::Group& g, int me, CollectiveKind 
       break;
     case CollectiveKind::reduce_scatter:
       for (std::int64_t i = 0; i < b.count; ++i) wrong += out[i] != sum_over_group(pos * b.count + i);
+      break;
+    case CollectiveKind::send:  // sendrecv: the previous member's input
+      for (std::int64_t i = 0; i < b.count; ++i) wrong += out[i] != value(g.devices[static_cast<std::size_t>((pos + n - 1) % n)], i);
       break;
     default:  // all_to_all: block q of the output is block `pos` of member q's input
       for (int q = 0; q < n; ++q)
@@ -205,6 +220,8 @@ std::vector<Row> sweep(C& comm, const Options& o, const p::Mesh& mesh, const p::
   const int n = g.size();
   std::vector<Row> rows;
   for (auto kind : o.ops) {
+    // NCCL pairs a send with its recv only when both are posted together; partir's nccl send/recv wait one by one.
+    if (kind == CollectiveKind::send && o.backend == "nccl") continue;
     for (std::int64_t size = o.min_bytes; size <= o.max_bytes; size *= o.factor) {
       const Buffers b = buffers(kind, size, n);
       std::vector<float> in(static_cast<std::size_t>(b.in)), out(static_cast<std::size_t>(b.out));
@@ -215,14 +232,15 @@ std::vector<Row> sweep(C& comm, const Options& o, const p::Mesh& mesh, const p::
                                                 [&] { c(g, kind, timed_in, timed_out, b.count); });
       };
       // Rounds alternate partir and raw, so that both see the same machine; the best round of each counts.
-      Row r{std::string(p::name_of(kind)), std::max(b.in, b.out) * 4, std::max(b.in, b.out), 1e30, 0, 0, 0, {}, {}};
+      Row r{row_name(kind), std::max(b.in, b.out) * 4, std::max(b.in, b.out), 1e30, 0, 0, 0, {}, {}};
       for (int round = 0; round < o.rounds; ++round) {
         r.seconds = std::min(r.seconds, time(call));
         if (raw) r.raw_seconds = std::min(r.raw_seconds.value_or(1e30), time(*raw));
       }
       r.algbw = static_cast<double>(r.bytes) / r.seconds / 1e9;
-      r.busbw = r.algbw * p::bus_factor(kind, n);
-      if (raw) r.raw_busbw = static_cast<double>(r.bytes) / *r.raw_seconds / 1e9 * p::bus_factor(kind, n);
+      const double bus = kind == CollectiveKind::send ? 1 : p::bus_factor(kind, n);
+      r.busbw = r.algbw * bus;
+      if (raw) r.raw_busbw = static_cast<double>(r.bytes) / *r.raw_seconds / 1e9 * bus;
       if (o.check) {
         double wrong = static_cast<double>(wrong_elements(call, g, me, kind, b, in, out));
         if (raw) wrong += static_cast<double>(wrong_elements(*raw, g, me, kind, b, in, out));
@@ -334,7 +352,15 @@ class RawMpi {
         case CollectiveKind::all_gather: MPI_Allgather(in, n, MPI_FLOAT, out, n, MPI_FLOAT, c); break;
         case CollectiveKind::reduce_scatter: MPI_Reduce_scatter_block(in, out, n, MPI_FLOAT, MPI_SUM, c); break;
         case CollectiveKind::all_to_all: MPI_Alltoall(in, n, MPI_FLOAT, out, n, MPI_FLOAT, c); break;
-        case CollectiveKind::all_slice: break;
+        case CollectiveKind::send: {
+          int pos = 0, size = 1;
+          MPI_Comm_rank(c, &pos);
+          MPI_Comm_size(c, &size);
+          MPI_Sendrecv(in, n, MPI_FLOAT, (pos + 1) % size, 0, out, n, MPI_FLOAT, (pos + size - 1) % size, 0, c,
+                       MPI_STATUS_IGNORE);
+          break;
+        }
+        case CollectiveKind::all_slice: case CollectiveKind::recv: break;
       }
     };
   }

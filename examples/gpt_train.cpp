@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   const std::string corpus_path = args.get("corpus", PARTIR_GPT_CORPUS, "training text");
   const std::string mesh_text = args.get("mesh", "batch=1", "device mesh, axes major to minor");
   const std::string schedule_text =
-      args.get("schedule", "none", "tactics in order: bp, mp, z2, z3, emb, auto:model (comma-separated)");
+      args.get("schedule", "none", "tactics in order: bp, mp, z2, z3, emb, pp (1F1B on axis stage), pp:gpipe, auto:model (comma-separated)");
   const std::string backend = args.get("backend", "threads", "threads (one process), mpi (under mpirun) or nccl (one GPU per device)");
   const std::string report = args.get("report", "", "'json' writes a JSON report of the run");
   const std::string report_file = args.get("report-file", "gpt_train_report.json", "where --report json writes");

@@ -109,7 +109,10 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
   if (lead)
     std::cout << "predicted (profile " << profile.name << ", PARTIR_PROFILE selects another): step "
               << p::human_seconds(predicted.step_seconds) << ", peak "
-              << p::human_bytes(static_cast<double>(predicted.peak_bytes)) << " per device" << std::endl;
+              << p::human_bytes(static_cast<double>(predicted.peak_bytes)) << " per device"
+              << (predicted.stages.empty() ? "" : ", pipeline bubble " + std::to_string(static_cast<int>(
+                                                      100 * predicted.bubble_fraction + 0.5)) + "%")
+              << std::endl;
   std::vector<double> step_ms;
   std::int64_t peak = 0;
   double loss = 0;
@@ -230,11 +233,13 @@ template <p::Communicator C>
 p::NamedArrays state_for(const p::Executable<C>& to, const p::Executable<C>& from, const p::NamedArrays& state) {
   p::NamedArrays out;
   for (const auto& b : to.spmd().inputs()) {
-    if (!state.contains(b.name)) continue;
+    if (!p::is_state(to.spmd(), b)) continue;
     const auto& theirs = from.spmd().inputs();
     const auto it = std::find_if(theirs.begin(), theirs.end(), [&](const auto& t) { return t.name == b.name; });
-    if (it == theirs.end() || it->sharding != b.sharding) return to.shard_state(from.gather_state(state));
-    out[b.name] = state.at(b.name);
+    if (it == theirs.end() || it->sharding != b.sharding ||
+        to.spmd().op(b.value).stage != from.spmd().op(it->value).stage)  // pipeline stages hold their own
+      return to.shard_state(from.gather_state(state));
+    if (state.contains(b.name)) out[b.name] = state.at(b.name);
   }
   return out;
 }

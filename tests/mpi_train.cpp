@@ -5,7 +5,8 @@
 // With RECIPE "recipe", the step is AdamW with gradients clipped to a global norm and a learning rate fed
 // each step (StepOptions): the clipping's norm is reduced across the ranks that split the gradients. With
 // "remat", the backward pass recomputes the second layer (between the MLP's marks h1 and h2); with "accum",
-// the batch runs as 2 microbatches (gradient accumulation).
+// the batch runs as 2 microbatches (gradient accumulation); with "pp", also in 2 pipeline stages (1F1B) on the
+// mesh's axis "stage", layers 1-2 on stage 0 and 3 on stage 1 (each device checks the outputs of its stage).
 // usage: mpi_train MESH SCHEDULE [PRECISION [RECIPE]]
 #include <partir/partir.hpp>
 #include <partir/runtime/mpi.hpp>
@@ -24,9 +25,9 @@ int main(int argc, char** argv) {
   try {
     const p::MixedPrecision precision = p::MixedPrecision::parse(argc >= 4 ? argv[3] : "f32");
     const std::string variant = argc == 5 ? argv[4] : "";
-    const bool recipe = variant == "recipe", remat = variant == "remat", accum = variant == "accum";
+    const bool recipe = variant == "recipe", remat = variant == "remat", pp = variant == "pp", accum = variant == "accum" || pp;
     if (argc == 5 && !recipe && !remat && !accum)
-      throw p::UserError("RECIPE: expected 'recipe', 'remat' or 'accum', got '" + variant + "'");
+      throw p::UserError("RECIPE: expected 'recipe', 'remat', 'accum' or 'pp', got '" + variant + "'");
     const double tolerance = precision.compute == p::DType::f32 ? 1e-5 : 3e-2;
     p::nn::Mlp model{"params/mlp", {8, 32, 16, 8}};
     auto loss = [&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); };
@@ -42,7 +43,11 @@ int main(int argc, char** argv) {
     if (remat && step.recomputes().empty()) throw p::UserError("remat: nothing is recomputed");
     const p::LRSchedule schedule = p::LRSchedule::warmup(2).then_cosine(2);
     auto lr_scale = [&](int s) { return p::Array({}, std::vector<double>{schedule.at(s)}); };
-    const p::SpmdProgram spmd = p::lower(p::partition(step, p::Mesh::parse(argv[1]), p::parse_schedule(argv[2])));
+    p::Schedule tactics = p::parse_schedule(argv[2]);
+    if (pp)
+      tactics.insert(tactics.begin(), p::pipeline("stage", p::PipelineSchedule::one_f_one_b,
+                                                    {{"params/mlp/*1", "params/mlp/*2"}, {"params/mlp/*3"}}));
+    const p::SpmdProgram spmd = p::lower(p::partition(step, p::Mesh::parse(argv[1]), tactics));
     p::mpi::Communicator comm;
     p::NamedArrays state = p::init_inputs(step, 3, true), local;
     for (const auto& b : spmd.inputs())
@@ -54,13 +59,15 @@ int main(int argc, char** argv) {
       p::NamedArrays expect = p::interpret(step, state);
       p::DeviceResult got = p::execute(spmd, comm, local, {.global_inputs = false, .global_outputs = false});
       for (const auto& b : spmd.outputs()) {
+        if (!got.outputs.contains(b.name)) continue;  // another pipeline stage's state
         const p::Array want = p::layout::shard(expect.at(b.name), b.sharding, spmd.mesh(), comm.device());
         const p::Array& have = got.outputs.at(b.name);
         for (std::int64_t i = 0; i < want.size(); ++i)
           worst = std::max(worst, std::abs(want.at(i) - have.at(i)) / (1 + std::abs(want.at(i))));
       }
       p::carry_state(step, state, std::move(expect));
-      p::carry_state(step, local, std::move(got.outputs));
+      for (const auto& o : step.outputs())
+        if (!o.updates.empty() && got.outputs.contains(o.name)) local[o.updates] = std::move(got.outputs.at(o.name));
     }
     // The same three steps through an Executable (whole batch in, pieces of the state carried): its gathered
     // state must equal what the interpreter carried.

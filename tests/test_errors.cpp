@@ -212,7 +212,7 @@ TEST_CASE("catalog: tactics and schedules") {
   }
   // E44 an unknown preset name
   CHECK_THROWS_WITH_AS(parse_schedule("bp,tp"),
-                       "schedule 'bp,tp': unknown tactic 'tp' (expected none, bp, mp, z2, z3, emb, mq, auto:<axis>)", UserError);
+                       "schedule 'bp,tp': unknown tactic 'tp' (expected none, bp, mp, z2, z3, emb, mq, pp, pp:gpipe, auto:<axis>)", UserError);
   // E45 explain() of a name the program lacks
   CHECK_THROWS_WITH_AS(explain(partition(prog, mesh2x2, {bp}), "params/mlp/w7"),
                        "partitioned program 'mlp' has no input, tag or output named 'params/mlp/w7'", UserError);
@@ -537,4 +537,60 @@ TEST_CASE("catalog: gradient accumulation") {
   none.microbatches = 0;
   CHECK_THROWS_WITH_AS(train_step(loss, Adam{}, {{"x", {16, 8}}, {"y", {16, 8}}}, none),
                        "train_step 'train_step': microbatches 0 (a step runs at least 1 microbatch)", UserError);
+}
+
+TEST_CASE("catalog: pipeline parallelism") {
+  const nn::GptConfig c{.vocab = 16, .seq = 4, .d_model = 8, .heads = 2, .layers = 2};
+  const nn::Gpt gpt{c};
+  const std::vector<InputSpec> data{{"tokens", {4, c.seq}, DType::i32}, {"targets", {4, c.seq}, DType::i32}};
+  const Program step = train_step([&](Tensor t, Tensor y) { return gpt.loss(t, y); }, Adam{}, data,
+                                  StepOptions{.microbatches = 2});
+  // E97 more stages than layers to split evenly, and a model without layers/<i> names
+  CHECK_THROWS_WITH_AS(partition(step, Mesh{{"stage", 4}}, parse_schedule("pp")),
+                       "tactic 1 (pp(stage)): 4 stages on 'stage' but 'train_step' has 2 layers: stage 2 would have no "
+                       "ops (use at most as many stages as layers)",
+                       UserError);
+  nn::Mlp mlp{"params/mlp", {8, 16, 8}};
+  const Program mlp_step = train_step([&](Tensor x, Tensor y) { return mse(mlp(x), y); }, Adam{}, {{"x", {8, 8}}, {"y", {8, 8}}});
+  CHECK_THROWS_WITH_AS(partition(mlp_step, Mesh{{"stage", 2}}, parse_schedule("pp")),
+                       "tactic 1 (pp(stage)): no parameter of 'train_step' is named .../layers/<i>/... to split evenly; "
+                       "give each stage its parameter selectors",
+                       UserError);
+  // E98 stage selectors: not one list per stage, a selector matching no parameter, a parameter in two stages or
+  // in none, a stage with no parameter
+  const Mesh two{{"stage", 2}};
+  auto with = [&](std::vector<std::vector<std::string>> stages) {
+    return partition(mlp_step, two, {pipeline("stage", PipelineSchedule::one_f_one_b, std::move(stages))});
+  };
+  CHECK_THROWS_WITH_AS(with({{"params/**"}}),
+                       "tactic 1 (pp(stage)): 1 stages' selectors for axis 'stage' of size 2 (one list per stage)",
+                       UserError);
+  CHECK_THROWS_WITH_AS(with({{"params/mlp/w1", "params/mlp/b1"}, {"params/mlp/w9"}}),
+                       "tactic 1 (pp(stage)): stage 1's selector 'params/mlp/w9' matches no parameter of 'train_step'",
+                       UserError);
+  CHECK_THROWS_WITH_AS(with({{"params/mlp/*1"}, {"params/mlp/w*"}}),
+                       "tactic 1 (pp(stage)): parameter 'params/mlp/w1' matches the selectors of stages 0 and 1", UserError);
+  CHECK_THROWS_WITH_AS(with({{"params/mlp/*1"}, {"params/mlp/w2"}}),
+                       "tactic 1 (pp(stage)): parameter 'params/mlp/b2' matches no stage's selectors", UserError);
+  CHECK_THROWS_WITH_AS(with({{"params/**"}, {}}),
+                       "tactic 1 (pp(stage)): stage 1 of 'stage' holds no parameter, so it would have no ops", UserError);
+  // E99 the pipeline axis partitioned by another tactic, before or after it, and two pipeline tactics
+  const Mesh mesh{{"stage", 2}, {"batch", 2}};
+  CHECK_THROWS_WITH_AS(partition(step, mesh, {data_parallel("stage"), pipeline("stage")}),
+                       "tactic 2 (pp(stage)): axis 'stage' already partitions tokens (from tactic 1 (bp(stage))); a "
+                       "pipeline axis carries stages, not tiles",
+                       UserError);
+  CHECK_THROWS_WITH_AS(lower(partition(step, mesh, {pipeline("stage"), data_parallel("stage")})),
+                       "tactic 1 (pp(stage)): tactic 2 (bp(stage)) partitions tokens over 'stage', the pipeline's axis (a "
+                       "pipeline axis carries stages; give other tactics other axes)",
+                       UserError);
+  CHECK_THROWS_WITH_AS(partition(step, mesh, {pipeline("stage"), pipeline("batch")}),
+                       "tactic 2 (pp(batch)): the schedule already pipelines over 'stage' (tactic 1 (pp(stage))); one "
+                       "pipeline tactic per schedule",
+                       UserError);
+  // E100 an unknown pipeline schedule name
+  CHECK_THROWS_WITH_AS(parse_schedule("pp:interleaved"),
+                       "schedule 'pp:interleaved': unknown tactic 'pp:interleaved' (expected none, bp, mp, z2, z3, emb, "
+                       "mq, pp, pp:gpipe, auto:<axis>)",
+                       UserError);
 }

@@ -280,22 +280,31 @@ inline std::vector<ValueId> grad(Program& p, ValueId loss, const std::vector<Val
 
   std::vector<std::optional<ValueId>> adjoint(n);
   p.mark_backward_start(p.size());
-  if (needs[static_cast<std::size_t>(loss)]) adjoint.back() = constant(p, 1.0, {}, p.type(loss).dtype).id();
+  if (needs[static_cast<std::size_t>(loss)]) {
+    adjoint.back() = constant(p, 1.0, {}, p.type(loss).dtype).id();
+    p.mark_vjp(p.size() - 1, p.size(), loss);
+  }
   // Every use of v comes after v, so v's adjoint is complete when the reverse walk reaches it.
   for (ValueId v = loss; v >= 0; --v) {
     const auto& g = adjoint[static_cast<std::size_t>(v)];
     if (!g) continue;
     const Op op = p.op(v);
+    const ValueId first = static_cast<ValueId>(p.size());
     detail::vjp(p, v, op, Tensor{p, *g}, needs, [&](std::size_t i, const Tensor& contribution) {
       auto& slot = adjoint[static_cast<std::size_t>(op.operands[i])];
       slot = slot ? (Tensor{p, *slot} + contribution).id() : contribution.id();
     });
+    p.mark_vjp(first, static_cast<ValueId>(p.size()), v);
   }
 
   std::vector<ValueId> grads;
   for (auto w : wrt) {
     if (w <= loss && adjoint[static_cast<std::size_t>(w)]) grads.push_back(*adjoint[static_cast<std::size_t>(w)]);
-    else grads.push_back(detail::zeros_like(Tensor{p, w}).id());
+    else {
+      const ValueId first = static_cast<ValueId>(p.size());
+      grads.push_back(detail::zeros_like(Tensor{p, w}).id());
+      p.mark_vjp(first, static_cast<ValueId>(p.size()), w);
+    }
   }
   return grads;
 }

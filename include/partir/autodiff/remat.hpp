@@ -65,14 +65,14 @@ namespace detail {
 // The marked forward values one region's globs select; a glob that selects none, or selects a value that is
 // not a forward value, is a UserError.
 inline std::set<ValueId> remat_marks(const Program& p, const Remat& r, const std::vector<std::string>& globs,
-                                     ValueId backward) {
+                                     const std::vector<char>& forward) {
   std::set<ValueId> out;
   for (const auto& g : globs) {
     bool found = false;
     for (const auto& [v, name] : p.checkpoint_names()) {
       if (!glob_match(g, name)) continue;
       found = true;
-      if (v >= backward)
+      if (!forward[static_cast<std::size_t>(v)])
         user_error("remat '" + r.name + "': '" + name + "' is computed after the loss (by the backward pass or the "
                    "update), so no forward region can end there");
       out.insert(v);
@@ -84,14 +84,32 @@ inline std::set<ValueId> remat_marks(const Program& p, const Remat& r, const std
   return out;
 }
 
+// Which ops of p belong to a forward pass: those before the backward pass, or with microbatches (segments)
+// those of each microbatch's forward segment.
+inline std::vector<char> forward_ops(const Program& p, ValueId backward) {
+  std::vector<char> out(static_cast<std::size_t>(p.size()), 0);
+  if (p.segments().empty()) {
+    std::fill(out.begin(), out.begin() + backward, 1);
+    return out;
+  }
+  auto seg = p.segments().begin();
+  bool forward = true;
+  for (ValueId v = 0; v < p.size(); ++v) {
+    for (; seg != p.segments().end() && seg->begin <= v; ++seg) forward = seg->pass == Segment::Pass::forward;
+    out[static_cast<std::size_t>(v)] = forward;
+  }
+  return out;
+}
+
 // Which forward values of p the policy recomputes.
-inline std::vector<bool> recomputed_values(const Program& p, const Remat& r, ValueId backward) {
+inline std::vector<bool> recomputed_values(const Program& p, const Remat& r, const std::vector<char>& forward) {
   std::vector<bool> out(static_cast<std::size_t>(p.size()), false);
   std::vector<std::vector<ValueId>> users(static_cast<std::size_t>(p.size()));
-  for (ValueId v = 0; v < backward; ++v)
-    for (auto o : p.op(v).operands) users[static_cast<std::size_t>(o)].push_back(v);
+  for (ValueId v = 0; v < p.size(); ++v)
+    if (forward[static_cast<std::size_t>(v)])
+      for (auto o : p.op(v).operands) users[static_cast<std::size_t>(o)].push_back(v);
   for (const auto& region : r.regions) {
-    const auto from = remat_marks(p, r, region.from, backward), to = remat_marks(p, r, region.to, backward);
+    const auto from = remat_marks(p, r, region.from, forward), to = remat_marks(p, r, region.to, forward);
     auto marked = [&](ValueId v) { return from.count(v) || to.count(v); };
     // Reached forward from `from`, then backward from `to`, never through a mark.
     std::vector<char> ahead(static_cast<std::size_t>(p.size()), 0);
@@ -110,8 +128,9 @@ inline std::vector<bool> recomputed_values(const Program& p, const Remat& r, Val
       for (ValueId o : p.op(v).operands)
         if (!marked(o) && !behind[static_cast<std::size_t>(o)]) behind[static_cast<std::size_t>(o)] = 1, stack.push_back(o);
     }
-    for (ValueId v = 0; v < backward; ++v)
-      if (ahead[static_cast<std::size_t>(v)] && behind[static_cast<std::size_t>(v)]) out[static_cast<std::size_t>(v)] = true;
+    for (ValueId v = 0; v < p.size(); ++v)
+      if (forward[static_cast<std::size_t>(v)] && ahead[static_cast<std::size_t>(v)] && behind[static_cast<std::size_t>(v)])
+        out[static_cast<std::size_t>(v)] = true;
   }
   return out;
 }
@@ -123,13 +142,15 @@ inline Program rematerialize(const Program& p, const Remat& remat) {
   if (remat.regions.empty()) return p;
   const auto backward = p.backward_start();
   if (!backward) user_error("remat '" + remat.name + "': program '" + p.name() + "' has no backward pass to recompute in");
-  const std::vector<bool> recomputed = detail::recomputed_values(p, remat, *backward);
+  const std::vector<char> forward = detail::forward_ops(p, *backward);
+  const std::vector<bool> recomputed = detail::recomputed_values(p, remat, forward);
   if (std::none_of(recomputed.begin(), recomputed.end(), [](bool b) { return b; }))
     user_error("remat '" + remat.name + "': its regions of program '" + p.name() + "' hold no value to recompute");
   // Values made from inputs and constants by cheap ops alone (a bias broadcast, a parameter's cast, a mask):
   // recomputed wherever a recomputation reads them, rather than kept alive from the forward pass for it.
   std::vector<bool> cheap(static_cast<std::size_t>(p.size()), false);
-  for (ValueId v = 0; v < *backward; ++v) {
+  for (ValueId v = 0; v < p.size(); ++v) {
+    if (!forward[static_cast<std::size_t>(v)]) continue;
     const Op& op = p.op(v);
     const bool moves = op.kind == OpKind::broadcast_in_dim || op.kind == OpKind::reshape || op.kind == OpKind::transpose;
     cheap[static_cast<std::size_t>(v)] =
@@ -155,13 +176,17 @@ inline Program rematerialize(const Program& p, const Remat& remat) {
     out.add_recompute({slot, copy[static_cast<std::size_t>(v)], remat.name});
     return slot;
   };
+  auto segment = p.segments().begin();
   for (ValueId v = 0; v < p.size(); ++v) {
     if (v == *backward) out.mark_backward_start(out.size());
+    for (; segment != p.segments().end() && segment->begin == v; ++segment)
+      out.begin_segment({static_cast<ValueId>(out.size()), segment->microbatch, segment->pass});
     Op op = p.op(v);
     for (auto& o : op.operands)
-      o = v >= *backward && o < *backward && recomputed[static_cast<std::size_t>(o)] ? recompute(o)
-                                                                                       : copy[static_cast<std::size_t>(o)];
-    copy[static_cast<std::size_t>(v)] = out.add_unchecked(std::move(op));
+      o = !forward[static_cast<std::size_t>(v)] && recomputed[static_cast<std::size_t>(o)] ? recompute(o)
+                                                                                           : copy[static_cast<std::size_t>(o)];
+    const ValueId at = copy[static_cast<std::size_t>(v)] = out.add_unchecked(std::move(op));
+    if (const ValueId of = p.vjp_of(v); of >= 0) out.mark_vjp(at, at + 1, copy[static_cast<std::size_t>(of)]);
   }
   for (const auto& o : p.outputs()) out.add_output(o.name, copy[static_cast<std::size_t>(o.value)], o.updates);
   for (const auto& [v, name] : p.checkpoint_names()) out.checkpoint_name(copy[static_cast<std::size_t>(v)], name);

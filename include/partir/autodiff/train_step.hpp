@@ -141,6 +141,7 @@ Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>
   // The loss of microbatch j: rows j, j + m, j + 2m... of every data input (a strided split, so that a batch
   // tiled on dim 0 splits on every device alike: each microbatch's rows stay where the batch's are).
   auto trace_loss = [&](int j) {
+    p.begin_segment({static_cast<ValueId>(p.size()), j, Segment::Pass::forward});
     TraceScope scope(p);
     std::optional<PrecisionScope> policy;
     if (precision) policy.emplace(*precision);
@@ -160,7 +161,11 @@ Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>
 
   std::optional<LossScaler> scaler;
   if (precision && precision->loss_scaling) scaler.emplace(p, *precision->loss_scaling);
-  auto grads = grad(p, scaler ? scaler->scaled(p, loss.id()) : loss.id(), params);
+  auto backward = [&](const Tensor& l, int j) {
+    p.begin_segment({static_cast<ValueId>(p.size()), j, Segment::Pass::backward});
+    return grad(p, scaler ? scaler->scaled(p, l.id()) : l.id(), params);
+  };
+  auto grads = backward(loss, 0);
   if (m > 1) {
     // Each microbatch's backward pass follows its forward pass, so one microbatch's activations live at a
     // time; the mean of the microbatch means is the batch's mean. add_n keeps partial gradients partial:
@@ -170,12 +175,14 @@ Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>
     for (std::size_t i = 0; i < params.size(); ++i) parts[i].push_back(Tensor{p, grads[i]});
     for (int j = 1; j < m; ++j) {
       losses.push_back(trace_loss(j));
-      const auto more = grad(p, scaler ? scaler->scaled(p, losses.back().id()) : losses.back().id(), params);
+      const auto more = backward(losses.back(), j);
       for (std::size_t i = 0; i < params.size(); ++i) parts[i].push_back(Tensor{p, more[i]});
     }
+    p.begin_segment({static_cast<ValueId>(p.size()), 0, Segment::Pass::update});
     loss = add_n(losses) * (1.0 / m);
     for (std::size_t i = 0; i < params.size(); ++i) grads[i] = (add_n(parts[i]) * (1.0 / m)).id();
   }
+  if (m == 1) p.begin_segment({static_cast<ValueId>(p.size()), 0, Segment::Pass::update});
   if (scaler) grads = scaler->unscale(p, grads);
   ValueId norm = -1;
   if (options.clip_norm) grads = clip_by_global_norm(p, grads, *options.clip_norm, norm);

@@ -26,6 +26,17 @@ struct Recompute {
   friend bool operator==(const Recompute&, const Recompute&) = default;
 };
 
+// Where a run of ops begins in a training step: microbatch m's forward pass, its backward pass, or the update
+// after every microbatch (train_step marks them). A run lasts until the next one begins. Pipeline schedules
+// order these passes per stage (tactics/pipeline.hpp); a program without segments is one forward pass.
+struct Segment {
+  enum class Pass : std::uint8_t { forward, backward, update };
+  ValueId begin = 0;
+  int microbatch = 0;
+  Pass pass = Pass::forward;
+  friend bool operator==(const Segment&, const Segment&) = default;
+};
+
 class Program {
  public:
   explicit Program(std::string name = "main") : name_(std::move(name)) {}
@@ -137,11 +148,23 @@ class Program {
   }
   std::optional<ValueId> backward_start() const { return backward_start_; }
 
+  // The ops [first, end) are the vector-Jacobian product of forward value `of` (set by grad): a pipeline
+  // stage runs the backward of what it ran forward.
+  void mark_vjp(ValueId first, ValueId end, ValueId of) {
+    if (end > first && vjp_of_.size() < static_cast<std::size_t>(end)) vjp_of_.resize(static_cast<std::size_t>(end), -1);
+    for (ValueId v = first; v < end; ++v) vjp_of_[static_cast<std::size_t>(v)] = of;
+  }
+  ValueId vjp_of(ValueId v) const { return static_cast<std::size_t>(v) < vjp_of_.size() ? vjp_of_[static_cast<std::size_t>(v)] : -1; }
+  void begin_segment(Segment s) { segments_.push_back(s); }
+  const std::vector<Segment>& segments() const { return segments_; }
+
   friend bool operator==(const Program&, const Program&) = default;
 
  private:
   std::string name_;
   std::optional<ValueId> backward_start_;
+  std::vector<ValueId> vjp_of_;     // per op, -1 if it is no VJP's
+  std::vector<Segment> segments_;   // ascending begin
   std::vector<Op> ops_;
   std::vector<ValueId> inputs_;
   std::vector<Output> outputs_;

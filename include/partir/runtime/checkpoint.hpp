@@ -124,7 +124,7 @@ void save(const std::string& dir, const SpmdProgram& spmd, C& comm, const NamedA
 
   std::string shard = "partir-shard 1 step " + std::to_string(step) + " device " + std::to_string(comm.device()) + "\n";
   for (const auto& b : spmd.inputs()) {
-    if (!is_state(spmd, b)) continue;
+    if (!holds_state(spmd, b, comm.device())) continue;  // a pipeline stage saves its own
     auto it = state.find(b.name);
     if (it == state.end()) user_error("checkpoint save: the state has no '" + b.name + "'");
     const Array& a = it->second;
@@ -245,6 +245,7 @@ inline Manifest read_manifest(const std::string& dir) {
 template <class Piece>
 void for_each_piece(const Manifest& m, Piece&& piece) {
   auto fail = [&](const std::string& why) { user_error("checkpoint '" + m.where + "': " + why); };
+  std::map<std::string, int> found;
   for (std::size_t d = 0; d < m.shards.size(); ++d) {
     const std::string file = "shard-" + std::to_string(d) + ".bin";
     const auto bytes = read_file(m.where + "/" + file);
@@ -258,9 +259,12 @@ void for_each_piece(const Manifest& m, Piece&& piece) {
     if (bytes->compare(0, at, "partir-shard 1 step " + std::to_string(m.step) + " device " + std::to_string(d) + "\n") != 0)
       fail(file + " belongs to another step or device");
     for (const auto& e : m.tensors) {
-      const auto name_end = bytes->find('\n', at), header_end = bytes->find('\n', name_end + 1);
-      if (header_end == std::string::npos || bytes->compare(at, name_end - at, e.name) != 0)
-        fail(file + " does not hold '" + e.name + "' where the manifest puts it");
+      // A pipeline stage's shard holds its own stage's tensors only, in the manifest's order.
+      const auto name_end = bytes->find('\n', at);
+      if (at >= bytes->size() || name_end == std::string::npos || bytes->compare(at, name_end - at, e.name) != 0) continue;
+      const auto header_end = bytes->find('\n', name_end + 1);
+      if (header_end == std::string::npos) fail(file + ": piece of '" + e.name + "' is malformed");
+      ++found[e.name];
       std::stringstream header(bytes->substr(name_end + 1, header_end - name_end - 1));
       std::string dtype, shape;
       std::int64_t size = 0;
@@ -277,7 +281,10 @@ void for_each_piece(const Manifest& m, Piece&& piece) {
              to_string(local_shape(e.type, e.sharding, m.mesh)));
       piece(e, static_cast<std::int64_t>(d), a);
     }
+    if (at != bytes->size()) fail(file + " holds a piece the manifest does not list where it is");
   }
+  for (const auto& e : m.tensors)
+    if (!found[e.name]) fail("no shard holds '" + e.name + "' (partial checkpoint)");
 }
 
 }  // namespace detail
@@ -312,7 +319,7 @@ std::int64_t restore(const std::string& dir, const SpmdProgram& spmd, C& comm, N
   };
   std::map<std::string, Wanted> wanted;
   for (const auto& b : spmd.inputs()) {
-    if (!is_state(spmd, b)) continue;
+    if (!holds_state(spmd, b, comm.device())) continue;
     auto e = std::find_if(m.tensors.begin(), m.tensors.end(), [&](const auto& t) { return t.name == b.name; });
     if (e == m.tensors.end()) user_error(what + " has no tensor '" + b.name + "' that program '" + spmd.name() + "' needs");
     if (e->type != b.global)

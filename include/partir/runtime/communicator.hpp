@@ -26,8 +26,13 @@ struct Group {
 
 // count: elements per device contribution. all_gather/all_to_all/reduce_scatter exchange blocks of count
 // elements; `out` of all_gather and `in` of reduce_scatter/all_to_all hold group.size() blocks.
+// send/recv move n elements between two devices (pipeline stages), matched by tag: a send never waits for its
+// recv (the data is copied or queued before it returns), a recv waits for the send with its peer and tag.
 template <class C>
-concept Communicator = requires(C c, const Group& g, const void* in, void* out, void* inout, std::int64_t n, DType t) {
+concept Communicator = requires(C c, const Group& g, const void* in, void* out, void* inout, std::int64_t n, DType t,
+                                int peer, std::int64_t tag) {
+  c.send(peer, in, n, t, tag);
+  c.recv(peer, out, n, t, tag);
   { c.device() } -> std::convertible_to<int>;
   { c.num_devices() } -> std::convertible_to<int>;
   c.all_reduce(g, inout, n, t);

@@ -35,7 +35,7 @@ class Executable {
   NamedArrays init(std::uint64_t seed) const {
     NamedArrays state;
     for (const auto& b : spmd_.inputs())
-      if (is_state(spmd_, b))
+      if (holds(b))
         state[b.name] = init_piece(b.global, spmd_.op(b.value).op.attrs.init, seed, b.name, b.sharding, spmd_.mesh(),
                                    comm_->device());
     return state;
@@ -46,7 +46,7 @@ class Executable {
   NamedArrays shard_state(const NamedArrays& global) const {
     NamedArrays state;
     for (const auto& b : spmd_.inputs()) {
-      if (!is_state(spmd_, b)) continue;
+      if (!holds(b)) continue;
       auto it = global.find(b.name);
       if (it == global.end()) user_error(where() + ": shard_state: no array for state input '" + b.name + "' " + to_string(b.global));
       state[b.name] = piece(it->second, b);
@@ -54,14 +54,32 @@ class Executable {
     return state;
   }
 
-  // The global arrays of every state input, on every device (a collective: every device calls it).
+  // The global arrays of every state input, on every device (a collective: every device calls it). In a
+  // pipelined program each stage gathers its own and sends them to the other stages.
   NamedArrays gather_state(const NamedArrays& state) const {
     NamedArrays global;
+    const Mesh& mesh = spmd_.mesh();
     for (const auto& b : spmd_.inputs()) {
       if (!is_state(spmd_, b)) continue;
-      auto it = state.find(b.name);
-      if (it == state.end()) user_error(where() + ": gather_state: the state has no '" + b.name + "'");
-      global[b.name] = detail::gather_global(it->second, b, spmd_.mesh(), *comm_);
+      if (holds(b)) {
+        auto it = state.find(b.name);
+        if (it == state.end()) user_error(where() + ": gather_state: the state has no '" + b.name + "'");
+        global[b.name] = detail::gather_global(it->second, b, mesh, *comm_);
+      }
+      const auto& pp = spmd_.pipeline();
+      const int owner = spmd_.op(b.value).stage;
+      if (!pp || owner < 0) continue;
+      const Group stages = detail::group_of(mesh, comm_->device(), {pp->axis});
+      const std::int64_t tag = &b - spmd_.inputs().data();
+      if (holds(b)) {
+        const Array& a = global[b.name];
+        for (int s = 0; s < pp->stages; ++s)
+          if (s != owner) comm_->send(stages.devices[static_cast<std::size_t>(s)], layout::bytes(a), a.size(), a.dtype(), tag);
+      } else {
+        Array a(b.global);
+        comm_->recv(stages.devices[static_cast<std::size_t>(owner)], layout::bytes(a), a.size(), a.dtype(), tag);
+        global[b.name] = std::move(a);
+      }
     }
     return global;
   }
@@ -96,6 +114,7 @@ class Executable {
     drop_batch(state);
     for (const auto& b : spmd_.outputs()) {
       auto it = result.outputs.find(b.name);
+      if (it == result.outputs.end()) continue;  // another pipeline stage's
       const Binding* updated = b.updates.empty() ? nullptr : input(b.updates);
       if (updated && is_state(spmd_, *updated)) {
         state[b.updates] = std::move(it->second);
@@ -108,6 +127,8 @@ class Executable {
   }
 
  private:
+  bool holds(const Binding& b) const { return holds_state(spmd_, b, comm_->device()); }
+
   std::string where() const { return "program '" + spmd_.name() + "' (device " + std::to_string(comm_->device()) + ")"; }
 
   const Binding* input(const std::string& name) const {

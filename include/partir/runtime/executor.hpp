@@ -74,8 +74,25 @@ Array run_collective(const Collective& c, const Array& in, const TensorType& res
       layout::unpack(received.data(), c.dim, k, out);
       return out;
     }
+    case CollectiveKind::send:
+    case CollectiveKind::recv: break;  // run_transfer's
   }
   internal_error("unknown collective");
+}
+
+// A pipeline transfer: a send hands this device's operand to the device at stage `peer` (the same position on
+// every other axis) and holds nothing; a recv makes the value it receives.
+template <Communicator C>
+Array run_transfer(const Collective& c, const Array* in, const TensorType& result, const Mesh& mesh, C& comm) {
+  const Group stages = group_of(mesh, comm.device(), c.axes);
+  const int peer = stages.devices.at(static_cast<std::size_t>(c.peer));
+  if (c.kind == CollectiveKind::send) {
+    comm.send(peer, layout::bytes(*in), in->size(), in->dtype(), c.tag);
+    return Array(result);  // an empty shape: what the sender keeps
+  }
+  Array out = kernels::buffer_cache().take(result);
+  comm.recv(peer, layout::bytes(out), out.size(), out.dtype(), c.tag);
+  return out;
 }
 
 // The global array of a bound value, on every device of the mesh, from this device's piece: partial sums
@@ -135,8 +152,14 @@ inline void check_finite(const std::string& where, const std::string& name, cons
   }
 }
 
+template <Communicator C>
+DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inputs, ExecuteOptions options,
+                           const std::string& where);
+
 }  // namespace detail
 
+// Runs this device's share of p. A pipelined program runs the ops of this device's stage (stage_program):
+// `inputs` may hold every stage's; the result holds this stage's outputs, with the timeline in p's numbering.
 template <Communicator C>
 DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, ExecuteOptions options = {}) {
   const Mesh& mesh = p.mesh();
@@ -149,7 +172,20 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
     for (const auto& b : p.inputs()) known |= b.name == name;
     if (!known) user_error(where + ": no input named '" + name + "'");
   }
+  if (!p.pipeline()) return detail::execute_stage(p, comm, inputs, options, where);
+  std::vector<ValueId> ids;
+  const SpmdProgram stage = stage_program(p, p.stage_of(comm.device()), &ids);
+  DeviceResult r = detail::execute_stage(stage, comm, inputs, options, where);
+  for (auto& t : r.timeline) t.value = ids[static_cast<std::size_t>(t.value)];
+  return r;
+}
 
+namespace detail {
+
+template <Communicator C>
+DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inputs, ExecuteOptions options,
+                           const std::string& where) {
+  const Mesh& mesh = p.mesh();
   const auto n = static_cast<std::size_t>(p.size());
   std::vector<const Array*> values(n, nullptr);
   std::vector<std::optional<Array>> owned(n);  // everything but local-piece inputs, which stay the caller's
@@ -162,7 +198,7 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
     if (it->second.type() != expect)
       user_error(where + ": input '" + b.name + "' expects " + to_string(expect) +
                  (options.global_inputs ? "" : " (local piece)") + ", got " + to_string(it->second.type()));
-    if (options.check_finite) detail::check_finite(where, b.name, it->second);
+    if (options.check_finite) check_finite(where, b.name, it->second);
     const auto v = static_cast<std::size_t>(b.value);
     if (options.global_inputs) owned[v] = layout::shard(it->second, b.sharding, mesh, comm.device());
     values[v] = options.global_inputs ? &*owned[v] : &it->second;
@@ -185,11 +221,13 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
       for (auto o : s.op.operands) operands.push_back(values[static_cast<std::size_t>(o)]);
       const auto t0 = clock::now();
       try {
-        if (s.collective) {
-          slot = detail::run_collective(*s.collective, *operands[0], s.op.type, mesh, comm);
+        if (s.collective && (s.collective->kind == CollectiveKind::send || s.collective->kind == CollectiveKind::recv)) {
+          slot = run_transfer(*s.collective, operands.empty() ? nullptr : operands[0], s.op.type, mesh, comm);
+        } else if (s.collective) {
+          slot = run_collective(*s.collective, *operands[0], s.op.type, mesh, comm);
         } else if (!s.row_shard.empty()) {
           const auto rows = (s.op.kind == OpKind::gather ? operands[0]->shape() : s.op.type.shape).at(0);
-          slot = detail::row_sharded(s, operands, mesh.position(comm.device(), s.row_shard) * rows,
+          slot = row_sharded(s, operands, mesh.position(comm.device(), s.row_shard) * rows,
                                      rows * tile_count(s.row_shard, mesh));
         } else {
           slot = run_op(s.op, fusion.group_at(v), values, owned, frees[static_cast<std::size_t>(v)]);
@@ -223,10 +261,12 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
     bool named_later = false;
     for (const auto* o = &b + 1; o != p.outputs().data() + p.outputs().size(); ++o) named_later |= o->value == b.value;
     Array piece = owned[v] && !named_later ? std::move(*owned[v]) : *values[v];
-    result.outputs[b.name] = options.global_outputs ? detail::gather_global(std::move(piece), b, mesh, comm) : std::move(piece);
+    result.outputs[b.name] = options.global_outputs ? gather_global(std::move(piece), b, mesh, comm) : std::move(piece);
   }
   return result;
 }
+
+}  // namespace detail
 
 // Runs the program on mesh.num_devices() threads of this process; returns each device's result.
 inline std::vector<DeviceResult> execute_on_threads(const SpmdProgram& p, const NamedArrays& inputs,

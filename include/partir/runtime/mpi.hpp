@@ -1,7 +1,8 @@
 #pragma once
-// The MPI backend: one rank per device; each group gets a sub-communicator from MPI_Comm_split, made the
-// first time it is used. SPMD programs issue the same collectives in the same order on every rank, so every
-// rank reaches the (collective) split of its own group together with the others.
+// The MPI backend: one rank per device; each group gets a sub-communicator from MPI_Comm_create_group, made
+// by the group's members the first time they use it (collective over the group alone, so pipeline stages
+// that run different programs never wait for each other's groups). Point-to-point sends are nonblocking on
+// a copy of the data, so a send never waits for the stage that receives it.
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1  // the deprecated C++ bindings: not used, and they do not compile warning-free
 #endif
@@ -11,6 +12,7 @@
 #include <climits>
 #include <cstdio>
 #include <exception>
+#include <list>
 #include <map>
 #include <optional>
 #include <vector>
@@ -131,6 +133,10 @@ class Communicator {
     MPI_Comm_size(MPI_COMM_WORLD, &devices_);
   }
   ~Communicator() {
+    try {
+      complete_sends(true);
+    } catch (const UserError&) {  // a destructor reports nothing; the job is ending with an error already
+    }
     for (auto& [key, comm] : comms_) MPI_Comm_free(&comm);
   }
   Communicator(const Communicator&) = delete;
@@ -161,7 +167,21 @@ class Communicator {
   void all_to_all(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
     check(MPI_Alltoall(in, count(n), datatype(t), out, count(n), datatype(t), comm(g)), "MPI_Alltoall");
   }
-  void barrier() { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+  void barrier() {
+    complete_sends(true);
+    check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+  }
+
+  void send(int peer, const void* data, std::int64_t n, DType t, std::int64_t tag) {
+    complete_sends(false);
+    const auto bytes = static_cast<std::size_t>(n * size_of(t));
+    auto& s = sends_.emplace_back();
+    s.data.assign(static_cast<const std::byte*>(data), static_cast<const std::byte*>(data) + bytes);
+    check(MPI_Isend(s.data.data(), count(n), datatype(t), peer, wire_tag(tag), MPI_COMM_WORLD, &s.request), "MPI_Isend");
+  }
+  void recv(int peer, void* data, std::int64_t n, DType t, std::int64_t tag) {
+    check(MPI_Recv(data, count(n), datatype(t), peer, wire_tag(tag), MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
+  }
 
   // Open MPI's MPI_Reduce_scatter_block measured 2-3x below the ring from 1 MiB up on this machine, and below
   // it at every size for pairs; for small blocks in larger groups its fewer steps win
@@ -206,11 +226,37 @@ class Communicator {
     if (is_world(g)) return MPI_COMM_WORLD;
     auto it = comms_.find(g.devices);
     if (it != comms_.end()) return it->second;
+    MPI_Group world, members;
+    MPI_Comm_group(MPI_COMM_WORLD, &world);
+    MPI_Group_incl(world, g.size(), g.devices.data(), &members);
     MPI_Comm c;
-    // color: the group's first device (unique per group); key: position in the group.
-    check(MPI_Comm_split(MPI_COMM_WORLD, g.devices.front(), g.index_of(device_), &c), "MPI_Comm_split");
+    check(MPI_Comm_create_group(MPI_COMM_WORLD, members, wire_tag(-1), &c), "MPI_Comm_create_group");
+    MPI_Group_free(&members);
+    MPI_Group_free(&world);
     MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN);
     return comms_[g.devices] = c;
+  }
+
+  // Tags above MPI_TAG_UB (at least 32767) wrap: a recv matches the oldest send with its tag from its peer.
+  // Tag -1 is the largest, kept for making groups.
+  static int wire_tag(std::int64_t tag) {
+    static const std::int64_t bound = [] {
+      int* ub = nullptr;
+      int flag = 0;
+      MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+      return flag && ub ? std::int64_t{*ub} + 1 : std::int64_t{32768};
+    }();
+    return static_cast<int>(tag < 0 ? bound - 1 : tag % (bound - 1));
+  }
+
+  // Frees the copies of sends that have completed (all of them, waiting, when `wait`).
+  void complete_sends(bool wait) {
+    std::erase_if(sends_, [&](Send& s) {
+      int done = 0;
+      if (wait) check(MPI_Wait(&s.request, MPI_STATUS_IGNORE), "MPI_Wait (send)"), done = 1;
+      else check(MPI_Test(&s.request, &done, MPI_STATUS_IGNORE), "MPI_Test (send)");
+      return done != 0;
+    });
   }
 
   bool is_world(const Group& g) const {
@@ -223,6 +269,11 @@ class Communicator {
   int device_ = 0, devices_ = 1;
   std::map<std::vector<int>, MPI_Comm> comms_;
   std::vector<std::byte> ring_scratch_;  // one received segment
+  struct Send {
+    std::vector<std::byte> data;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  std::list<Send> sends_;  // in flight (std::list: a request's address stays valid)
 };
 
 }  // namespace partir::mpi

@@ -107,6 +107,20 @@ class Communicator {
     check(ncclReduceScatter(s.in, s.out, count(n), datatype(t), ncclSum, c, stream_), "ncclReduceScatter", c);
     s.finish(out, n * size_of(t));
   }
+  // Point to point on the world communicator. NCCL pairs a send with the peer's receive in order (tags are
+  // the executor's to keep consistent). Host buffers are staged and the call waits for completion, so a
+  // pipelined step would serialize its stages: the GPU executor refuses pipelined programs until sends get a
+  // stream of their own (runtime/gpu/executor.hpp).
+  void send(int peer, const void* data, std::int64_t n, DType t, std::int64_t /*tag*/) {
+    Staging s(*this, data, nullptr, n * size_of(t), 0, false);
+    check(ncclSend(s.in, count(n), datatype(t), peer, world_, stream_), "ncclSend", world_);
+    s.finish(nullptr, 0);
+  }
+  void recv(int peer, void* data, std::int64_t n, DType t, std::int64_t /*tag*/) {
+    Staging s(*this, nullptr, data, 0, n * size_of(t));
+    check(ncclRecv(s.out, count(n), datatype(t), peer, world_, stream_), "ncclRecv", world_);
+    s.finish(data, n * size_of(t));
+  }
   // NCCL has no all-to-all: one send and one receive per member, grouped so that NCCL runs them together.
   void all_to_all(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
     const std::int64_t block = n * size_of(t);

@@ -13,6 +13,11 @@ inline bool is_state(const SpmdProgram& p, const Binding& b) {
   return kind == InputKind::parameter || kind == InputKind::optimizer_state;
 }
 
+// State the device holds: all of it, or in a pipelined program its own stage's.
+inline bool holds_state(const SpmdProgram& p, const Binding& b, std::int64_t device) {
+  return is_state(p, b) && p.runs(b.value, p.stage_of(device));
+}
+
 // Moves every output with Output::updates into state under the input's name; returns the other outputs.
 inline NamedArrays carry_state(const Program& p, NamedArrays& state, NamedArrays outputs) {
   for (const auto& o : p.outputs()) {

@@ -4,11 +4,13 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <map>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include "partir/runtime/communicator.hpp"
 #include "partir/runtime/kernels/kernel_threads.hpp"
@@ -44,6 +46,27 @@ class World {
     if (aborted_) throw UserError("threads backend: another device failed; abandoning collective");
   }
 
+  // Point to point: a send copies into the (from, to, tag) mailbox and returns; a recv waits for it.
+  void post(int from, int to, std::int64_t tag, const void* data, std::size_t bytes) {
+    std::vector<std::byte> message(bytes);
+    std::memcpy(message.data(), data, bytes);
+    std::lock_guard lock(mail_mutex_);
+    mail_[{from, to, tag}].push_back(std::move(message));
+    mail_cv_.notify_all();
+  }
+  void take(int from, int to, std::int64_t tag, void* data, std::size_t bytes) {
+    std::unique_lock lock(mail_mutex_);
+    const std::tuple<int, int, std::int64_t> key{from, to, tag};
+    mail_cv_.wait(lock, [&] { return aborted_ || !mail_[key].empty(); });
+    if (aborted_) throw UserError("threads backend: another device failed; abandoning recv");
+    auto& queue = mail_[key];
+    if (queue.front().size() != bytes)
+      internal_error("threads backend: recv of " + std::to_string(bytes) + " bytes from device " + std::to_string(from) +
+                     " (tag " + std::to_string(tag) + ") matched a send of " + std::to_string(queue.front().size()));
+    std::memcpy(data, queue.front().data(), bytes);
+    queue.pop_front();
+  }
+
   // Wakes every waiting device with an error so one failing thread cannot hang the others.
   void abort() {
     std::lock_guard guard(table_mutex_);
@@ -52,6 +75,8 @@ class World {
       std::lock_guard lock(r.mutex);
       r.cv.notify_all();
     }
+    std::lock_guard mail(mail_mutex_);
+    mail_cv_.notify_all();
   }
 
  private:
@@ -89,6 +114,9 @@ class World {
   std::mutex table_mutex_;
   std::map<std::vector<int>, Rendezvous> groups_;  // std::map: node addresses stay valid
   std::atomic<bool> aborted_ = false;
+  std::mutex mail_mutex_;
+  std::condition_variable mail_cv_;
+  std::map<std::tuple<int, int, std::int64_t>, std::deque<std::vector<std::byte>>> mail_;
 };
 
 class Communicator {
@@ -137,6 +165,12 @@ class Communicator {
         std::memcpy(static_cast<std::byte*>(out) + i * bytes,
                     static_cast<const std::byte*>(ins[i]) + static_cast<std::size_t>(me) * bytes, bytes);
     });
+  }
+  void send(int peer, const void* data, std::int64_t n, DType t, std::int64_t tag) {
+    world_->post(device_, peer, tag, data, static_cast<std::size_t>(n * size_of(t)));
+  }
+  void recv(int peer, void* data, std::int64_t n, DType t, std::int64_t tag) {
+    world_->take(peer, device_, tag, data, static_cast<std::size_t>(n * size_of(t)));
   }
   void barrier() {
     Group all;

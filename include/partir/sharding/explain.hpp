@@ -81,6 +81,11 @@ inline std::string explain(const Partitioned& p, ValueId v) {
       step = next;
     }
   }
+  if (const auto& pp = state.pipeline()) {
+    const int stage = pp->stage[static_cast<std::size_t>(v)];
+    s += "  " + prog.label(v) + (stage >= 0 ? " on stage " + std::to_string(stage) : " on every stage that reads it") +
+         " of '" + pp->axis + "': " + pp->tactic_label + "\n";
+  }
   const std::string op_site = state.site(Provenance::Via::op, v);
   for (const auto& c : p.conflicts())
     if (c.wanted.value == v || c.existing.value == v || c.site == op_site) s += "  conflict: " + c.message + "\n";

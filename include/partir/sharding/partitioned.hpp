@@ -51,7 +51,8 @@ class Partitioned {
 
   friend bool operator==(const Partitioned& a, const Partitioned& b) {
     return a.program() == b.program() && a.mesh() == b.mesh() && a.history_ == b.history_ &&
-           a.shardings_ == b.shardings_ && a.conflicts() == b.conflicts() && a.stops() == b.stops();
+           a.shardings_ == b.shardings_ && a.conflicts() == b.conflicts() && a.stops() == b.stops() &&
+           a.state().pipeline() == b.state().pipeline();
   }
 
  private:

@@ -36,6 +36,7 @@
 #include "partir/sharding/provenance.hpp"
 #include "partir/sharding/rules.hpp"
 #include "partir/sharding/sharding.hpp"
+#include "partir/sharding/stages.hpp"
 
 namespace partir {
 
@@ -136,6 +137,10 @@ class PartitionState {
       if (s.partial & bit(a)) out.partial.push_back(axis_name(a));
     return out;
   }
+  // Set by a pipeline tactic: the stage of every value (lowering cuts the program there).
+  void set_pipeline(PipelineStages p) { pipeline_ = std::move(p); }
+  const std::optional<PipelineStages>& pipeline() const { return pipeline_; }
+
   std::vector<Sharding> shardings() const {
     std::vector<Sharding> out;
     for (ValueId v = 0; v < program().size(); ++v) out.push_back(sharding(v));
@@ -451,6 +456,7 @@ class PartitionState {
   std::vector<std::string> tactics_;
   std::vector<Conflict> conflicts_;
   std::vector<Stop> stops_;
+  std::optional<PipelineStages> pipeline_;
   // (node or -1, axis, wanted value, wanted dim, existing value, existing dim) already reported.
   std::set<std::tuple<int, int, ValueId, std::int64_t, ValueId, std::int64_t>> reported_;
   std::vector<std::pair<int, ValueId>> pending_;  // (axis, value) placed since the last propagate()

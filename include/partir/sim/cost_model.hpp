@@ -83,6 +83,7 @@ inline double roofline_seconds(const Work& w, OpKind k, DType t, const HardwareP
 // (seconds per byte); below the smallest, the ring formula.
 inline double ring_seconds(CollectiveKind k, std::int64_t n, double bytes, const Link& link) {
   if (n <= 1 || k == CollectiveKind::all_slice) return 0;
+  if (k == CollectiveKind::send || k == CollectiveKind::recv) return link.alpha + link.beta * bytes;  // one hop
   const auto& m = link.measured;
   if (!m.empty() && bytes >= m.front().first) {
     for (std::size_t i = 1; i < m.size(); ++i)
@@ -98,7 +99,8 @@ inline double ring_seconds(CollectiveKind k, std::int64_t n, double bytes, const
 
 // Bytes each device sends in the ring algorithm: what ZeRO's "2 Psi per device" counts.
 inline double wire_bytes(CollectiveKind k, std::int64_t n, double bytes) {
-  if (n <= 1 || k == CollectiveKind::all_slice) return 0;
+  if (n <= 1 || k == CollectiveKind::all_slice || k == CollectiveKind::recv) return 0;
+  if (k == CollectiveKind::send) return bytes;
   const double steps = static_cast<double>((k == CollectiveKind::all_reduce ? 2 : 1) * (n - 1));
   return steps * bytes / static_cast<double>(n);
 }

@@ -54,6 +54,17 @@ struct TimedOp {
   std::int64_t group_size = 0;
   std::string bound;      // compute | memory | link | fused (inside a fused chain: computes, moves no bytes)
   std::string reason;     // collectives: why lowering inserted it
+  int stage = 0;          // pipelined programs: the stage whose devices run it
+};
+
+// One stage of a pipelined step: the time its devices compute and communicate within the stage (busy), the
+// time they wait in recvs for other stages (the bubble, and transfers), and their peak memory.
+struct StageReport {
+  double busy_seconds = 0, wait_seconds = 0, finish_seconds = 0;
+  double p2p_bytes = 0;  // sent to other stages
+  std::int64_t peak_bytes = 0;
+  MemoryBreakdown peak;
+  friend bool operator==(const StageReport&, const StageReport&) = default;
 };
 
 struct Report {
@@ -71,6 +82,11 @@ struct Report {
   MemoryBreakdown inputs;   // the inputs, resident for the whole step: the model state a device keeps
   std::int64_t memory_capacity = 0;  // the profile's, 0 if unknown
   std::vector<TimedOp> timeline;
+  // Pipelined programs: per stage; the step is the last stage's finish, and the peak the largest stage's.
+  std::vector<StageReport> stages;
+  // The fraction of the step a stage's devices spend waiting, averaged over stages (GPipe's and 1F1B's bubble
+  // is (p - 1) / (M + p - 1) when stages take equal time).
+  double bubble_fraction = 0;
 
   std::vector<const TimedOp*> collectives() const {
     std::vector<const TimedOp*> out;
@@ -107,6 +123,17 @@ struct Report {
     out.set("communication_seconds", communication_seconds).set("flops", flops).set("wire_bytes", wire_bytes);
     out.set("collectives", static_cast<std::int64_t>(collectives().size()));
     out.set("memory", std::move(memory)).set("timeline", std::move(ops));
+    if (!stages.empty()) {
+      json::Value list = json::array();
+      for (const auto& st : stages)
+        list.push(json::object()
+                      .set("busy_seconds", st.busy_seconds)
+                      .set("wait_seconds", st.wait_seconds)
+                      .set("finish_seconds", st.finish_seconds)
+                      .set("p2p_bytes", st.p2p_bytes)
+                      .set("peak_bytes", st.peak_bytes));
+      out.set("pipeline", json::object().set("bubble_fraction", bubble_fraction).set("stages", std::move(list)));
+    }
     return out;
   }
 };
@@ -143,6 +170,17 @@ inline std::ostream& operator<<(std::ostream& os, const Report& r) {
     os << " (" << (r.peak_bytes <= r.memory_capacity ? "fits" : "DOES NOT FIT") << " in "
        << human_bytes(static_cast<double>(r.memory_capacity)) << ")";
   os << "\n";
+  if (!r.stages.empty()) {
+    std::snprintf(line, sizeof line, "  pipeline: %zu stages, bubble %.1f%%\n", r.stages.size(), 100 * r.bubble_fraction);
+    os << line;
+    for (std::size_t s = 0; s < r.stages.size(); ++s) {
+      const auto& st = r.stages[s];
+      std::snprintf(line, sizeof line, "    stage %zu: busy %s, waiting %s, sends %s, peak %s\n", s,
+                    human_seconds(st.busy_seconds).c_str(), human_seconds(st.wait_seconds).c_str(),
+                    human_bytes(st.p2p_bytes).c_str(), human_bytes(static_cast<double>(st.peak_bytes)).c_str());
+      os << line;
+    }
+  }
   std::snprintf(line, sizeof line, "    %-20s %12s %12s\n", "", "at peak", "inputs");
   os << line;
   for (std::size_t k = 0; k < r.peak.bytes.size(); ++k) {

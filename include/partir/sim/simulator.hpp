@@ -60,7 +60,9 @@ inline std::string timeline_label(const SpmdOp& s, ValueId v) {
   return s.op.name.empty() ? "%" + std::to_string(v) : s.op.name;
 }
 
-inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
+namespace detail {
+
+inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw) {
   const Mesh& mesh = p.mesh();
   Report r;
   r.program = p.name();
@@ -93,8 +95,9 @@ inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
       if (s.collective && s.collective->kind != CollectiveKind::all_slice) {
         const Collective& c = *s.collective;
         t.communication = true;
-        t.group_size = group_size(c, mesh);
-        t.bytes = static_cast<double>(std::max(operand_types.at(0).bytes(), s.op.type.bytes()));
+        const bool p2p = c.kind == CollectiveKind::send || c.kind == CollectiveKind::recv;
+        t.group_size = p2p ? 2 : group_size(c, mesh);
+        t.bytes = static_cast<double>(std::max(operand_types.empty() ? 0 : operand_types[0].bytes(), s.op.type.bytes()));
         t.wire_bytes = wire_bytes(c.kind, t.group_size, t.bytes);
         t.seconds = ring_seconds(c.kind, t.group_size, t.bytes, hw.link(c.kind, c.axes, t.group_size));
         t.bound = "link";
@@ -141,6 +144,86 @@ inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
   }
   r.step_seconds = r.compute_seconds + r.communication_seconds;
   return r;
+}
+
+// A pipelined step: each stage simulated alone, then replayed in the program's order on one clock per stage,
+// where a send's data arrives one link hop after the sender's clock and a recv waits until it has.
+inline Report simulate_pipeline(const SpmdProgram& p, const HardwareProfile& hw) {
+  const int stages = p.pipeline()->stages;
+  std::vector<Report> alone;
+  std::vector<std::vector<ValueId>> ids(static_cast<std::size_t>(stages));
+  std::vector<std::pair<int, const TimedOp*>> timed(static_cast<std::size_t>(p.size()), {-1, nullptr});
+  for (int s = 0; s < stages; ++s) {
+    alone.push_back(simulate_stage(stage_program(p, s, &ids[static_cast<std::size_t>(s)]), hw));
+  }
+  for (int s = 0; s < stages; ++s)
+    for (const auto& t : alone[static_cast<std::size_t>(s)].timeline)
+      timed[static_cast<std::size_t>(ids[static_cast<std::size_t>(s)][static_cast<std::size_t>(t.value)])] = {s, &t};
+
+  Report r;
+  r.program = p.name();
+  r.profile = hw.name;
+  r.mesh = p.mesh();
+  r.memory_capacity = hw.memory_capacity;
+  r.stages.resize(static_cast<std::size_t>(stages));
+  std::vector<double> clock(static_cast<std::size_t>(stages), 0);
+  std::map<std::int64_t, double> arrives;  // send tag -> when its data is at the receiver
+  for (ValueId v = 0; v < p.size(); ++v) {
+    const auto [s, original] = timed[static_cast<std::size_t>(v)];
+    if (!original) continue;
+    TimedOp t = *original;
+    t.value = v;
+    t.stage = s;
+    double& now = clock[static_cast<std::size_t>(s)];
+    StageReport& st = r.stages[static_cast<std::size_t>(s)];
+    const auto& c = p.op(v).collective;
+    t.start = now;
+    if (c && c->kind == CollectiveKind::send) {
+      arrives[c->tag] = now + t.seconds;
+      st.p2p_bytes += t.bytes;
+      t.seconds = 0;  // nonblocking: the sender goes on
+    } else if (c && c->kind == CollectiveKind::recv) {
+      const double ready = std::max(now, arrives.at(c->tag));
+      t.seconds = ready - now;
+      st.wait_seconds += t.seconds;
+    } else {
+      st.busy_seconds += t.seconds;
+      if (t.communication) r.communication_seconds += t.seconds, r.wire_bytes += t.wire_bytes;
+      else r.compute_seconds += t.seconds, r.flops += t.flops;
+    }
+    now += t.seconds;
+    r.timeline.push_back(std::move(t));
+  }
+  for (int s = 0; s < stages; ++s) {
+    auto& st = r.stages[static_cast<std::size_t>(s)];
+    const Report& a = alone[static_cast<std::size_t>(s)];
+    st.finish_seconds = clock[static_cast<std::size_t>(s)];
+    st.peak_bytes = a.peak_bytes;
+    st.peak = a.peak;
+    r.step_seconds = std::max(r.step_seconds, st.finish_seconds);
+    if (a.peak_bytes >= r.peak_bytes) {
+      r.peak_bytes = a.peak_bytes;
+      r.peak = a.peak;
+      r.inputs = a.inputs;
+      r.peak_at = a.peak_at >= 0 ? ids[static_cast<std::size_t>(s)][static_cast<std::size_t>(a.peak_at)] : -1;
+    }
+  }
+  // Per device: the whole step's work is spread over the stages.
+  r.compute_seconds /= stages;
+  r.communication_seconds /= stages;
+  r.flops /= stages;
+  r.wire_bytes /= stages;
+  for (const auto& st : r.stages) r.bubble_fraction += r.step_seconds > 0 ? 1 - st.busy_seconds / r.step_seconds : 0;
+  r.bubble_fraction /= stages;
+  return r;
+}
+
+}  // namespace detail
+
+// What one device's step costs (in a pipelined program: the step of all stages together; Report::stages has
+// each stage's).
+inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
+  return p.pipeline() ? detail::simulate_pipeline(p, hw) : detail::simulate_stage(p, hw);
 }
 
 }  // namespace partir

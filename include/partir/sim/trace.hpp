@@ -44,16 +44,18 @@ inline json::Value chrome_trace(const std::vector<TraceEvent>& events, std::stri
 
 // The simulated step on `devices` devices (every device runs the same timeline; more than a few tracks
 // add nothing but size).
+// A pipelined step has one track per stage instead (the familiar pipeline diagram).
 inline std::vector<TraceEvent> trace_events(const Report& r, std::int64_t devices = 1) {
   std::vector<TraceEvent> out;
-  for (std::int64_t d = 0; d < devices; ++d)
+  const bool pipelined = !r.stages.empty();
+  for (std::int64_t d = 0; d < (pipelined ? 1 : devices); ++d)
     for (const auto& t : r.timeline) {
       json::Value args = json::object().set("value", "%" + std::to_string(t.value)).set("bound", t.bound);
       args.set("bytes", t.bytes);
       if (t.communication) args.set("group_size", t.group_size).set("reason", t.reason);
       else args.set("flops", t.flops);
-      out.push_back({t.what + " " + t.label, t.communication ? "communication" : "compute", d, t.start, t.seconds,
-                     std::move(args)});
+      out.push_back({t.what + " " + t.label, t.communication ? "communication" : "compute", pipelined ? t.stage : d,
+                     t.start, t.seconds, std::move(args)});
     }
   return out;
 }

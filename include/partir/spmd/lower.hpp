@@ -20,6 +20,7 @@
 
 #include "partir/sharding/partitioned.hpp"
 #include "partir/sharding/rules.hpp"
+#include "partir/spmd/pipeline.hpp"
 #include "partir/spmd/spmd_program.hpp"
 
 namespace partir {
@@ -38,17 +39,21 @@ class Lowering {
 
   SpmdProgram run() {
     const ValueId backward = prog_.backward_start().value_or(prog_.size());
+    if (pipeline_) check_pipeline_axis();
     for (ValueId v = 0; v < prog_.size(); ++v) {
       in_backward_pass_ = v >= backward;
+      at(v);
       lower_op(v);
     }
     for (const auto& o : prog_.outputs()) {
+      at(o.value);
       Sharding target = layout_of(local_[static_cast<std::size_t>(o.value)]);
       target.partial.clear();  // outputs are whole values: resolve partial sums
       if (!o.updates.empty()) target = layout_of(local_[static_cast<std::size_t>(prog_.input(o.updates))]);
       const auto v = reshard(o.value, target, "output '" + o.name + "'");
       out_.add_output({o.name, v, prog_.type(o.value), target, o.updates});
     }
+    if (pipeline_) return cut_into_stages(std::move(out_), source_, prog_, *pipeline_);
     return std::move(out_);
   }
 
@@ -66,7 +71,27 @@ class Lowering {
 
   ValueId emit(Op op, Sharding layout, std::optional<Collective> c = std::nullopt, AxisList row_shard = {}) {
     layouts_.push_back(std::move(layout));
-    return out_.add({std::move(op), std::move(c), std::move(row_shard)});
+    source_.push_back(current_);
+    return out_.add({std::move(op), std::move(c), std::move(row_shard), stage_});
+  }
+
+  // What is lowered next is global value v's (or an output of it): emitted ops run on v's stage.
+  void at(ValueId v) {
+    current_ = v;
+    if (pipeline_) stage_ = pipeline_->stage[static_cast<std::size_t>(v)];
+  }
+
+  // A pipeline axis carries stages; no tactic may tile a value on it (whichever comes first in the schedule).
+  void check_pipeline_axis() const {
+    const int a = mesh_.find_axis(pipeline_->axis);
+    for (ValueId v = 0; v < prog_.size(); ++v) {
+      if (!plan_.sharding(v).uses(pipeline_->axis)) continue;
+      std::string by = "a tactic";
+      for (const auto& o : plan_.provenance(v))
+        if (o.axis == a && o.tactic >= 0) by = plan_.state().tactic_label(o.tactic);
+      user_error(pipeline_->tactic_label + ": " + by + " partitions " + prog_.label(v) + " over '" + pipeline_->axis +
+                 "', the pipeline's axis (a pipeline axis carries stages; give other tactics other axes)");
+    }
   }
 
   std::string axis_origin(ValueId v, const std::string& axis) const {
@@ -114,6 +139,7 @@ class Lowering {
     if (cur == to) return start;
     std::string key = std::to_string(value) + " " + to_string(to);
     if (is_parameter_copy(value)) key += in_backward_pass_ ? " backward" : " forward";
+    if (pipeline_) key += " @" + std::to_string(stage_);  // each stage reshards what it reads
     if (auto it = reshards_.find(key); it != reshards_.end()) return it->second;
     for (const auto& p : to.partial)
       if (!cur.is_partial(p))
@@ -523,6 +549,10 @@ class Lowering {
   std::vector<int> uses_;  // of each global value
   std::vector<std::vector<ValueId>> users_;
   bool in_backward_pass_ = false;  // of the op being lowered (outputs: as the last op)
+  const std::optional<PipelineStages>& pipeline_ = plan_.state().pipeline();
+  ValueId current_ = -1;           // the global value being lowered
+  int stage_ = -1;                 // its stage
+  std::vector<ValueId> source_;    // per SPMD value: the global value whose lowering emitted it
 };
 
 }  // namespace detail

@@ -2,6 +2,7 @@
 // SpmdProgram: the one program every device runs. Values have per-device (local) types; communication is
 // explicit, as collectives over the group of devices that differ along some mesh axes. Each collective
 // carries its bytes and the reason it exists (provenance), so a plan can be read, simulated and explained.
+#include <map>
 #include <optional>
 #include <string>
 #include <variant>
@@ -9,10 +10,11 @@
 
 #include "partir/ir/printer.hpp"
 #include "partir/sharding/sharding.hpp"
+#include "partir/sharding/stages.hpp"
 
 namespace partir {
 
-enum class CollectiveKind : std::uint8_t { all_gather, all_slice, all_reduce, reduce_scatter, all_to_all };
+enum class CollectiveKind : std::uint8_t { all_gather, all_slice, all_reduce, reduce_scatter, all_to_all, send, recv };
 
 inline std::string_view name_of(CollectiveKind k) {
   switch (k) {
@@ -21,6 +23,8 @@ inline std::string_view name_of(CollectiveKind k) {
     case CollectiveKind::all_reduce: return "all_reduce";
     case CollectiveKind::reduce_scatter: return "reduce_scatter";
     case CollectiveKind::all_to_all: return "all_to_all";
+    case CollectiveKind::send: return "send";
+    case CollectiveKind::recv: return "recv";
   }
   return "?";
 }
@@ -34,12 +38,18 @@ inline std::string_view name_of(CollectiveKind k) {
 //   all_to_all:     moves the axes from dim `dim` to dim `to_dim`: locally `to_dim` shrinks |axes| times
 //                   (its tile q goes to the member at position q) and `dim` grows |axes| times (the
 //                   received tiles concatenated in position order)
+//   send:           point to point, in pipelined programs: the operand goes to stage `peer` of the pipeline
+//                   axis `axes` (the device there at this device's position on every other axis); the result
+//                   names the moved value and holds nothing
+//   recv:           the value that the send operands[0] (same `tag`) moves here from stage `peer`
 struct Collective {
   CollectiveKind kind = CollectiveKind::all_reduce;
   AxisList axes;
   std::int64_t dim = -1;
   std::int64_t to_dim = -1;
   std::string reason;  // why lowering needed it: the op, the operand, the tactic or conflict behind it
+  std::int64_t peer = -1;  // send / recv: the other stage
+  std::int64_t tag = -1;   // send / recv: matches the two ends
   friend bool operator==(const Collective&, const Collective&) = default;
 };
 
@@ -51,7 +61,18 @@ struct SpmdOp {
   // gather / scatter_add whose table rows are tiled on these axes: the device holds rows
   // [p * rows, (p + 1) * rows) of the global table; indices outside contribute zero (a partial sum).
   AxisList row_shard;
+  int stage = -1;  // pipelined programs: the stage whose devices run it (-1: every device)
   friend bool operator==(const SpmdOp&, const SpmdOp&) = default;
+};
+
+// A program cut into pipeline stages (spmd/pipeline.hpp): the devices at position s of `axis` run the ops of
+// stage s, in program order, which is the schedule's order on each stage.
+struct SpmdPipeline {
+  std::string axis;
+  int stages = 1;
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
+  int microbatches = 1;
+  friend bool operator==(const SpmdPipeline&, const SpmdPipeline&) = default;
 };
 
 // A program input or output: its global type and layout, and the local value that holds this device's piece.
@@ -91,13 +112,20 @@ class SpmdProgram {
   }
   void add_input(Binding b) { inputs_.push_back(std::move(b)); }
   void add_output(Binding b) { outputs_.push_back(std::move(b)); }
+  const std::optional<SpmdPipeline>& pipeline() const { return pipeline_; }
+  void set_pipeline(SpmdPipeline p) { pipeline_ = std::move(p); }
+  // The stage `device` runs (0 without a pipeline).
+  int stage_of(std::int64_t device) const {
+    return pipeline_ ? static_cast<int>(mesh_.position(device, {pipeline_->axis})) : 0;
+  }
+  bool runs(ValueId v, int stage) const { return op(v).stage < 0 || op(v).stage == stage; }
 
   std::vector<CollectiveInfo> collectives() const {
     std::vector<CollectiveInfo> out;
     for (ValueId v = 0; v < size(); ++v) {
       const auto& s = op(v);
       if (!s.collective) continue;
-      const auto& operand = type(s.op.operands.at(0));
+      const auto& operand = s.op.operands.empty() ? s.op.type : type(s.op.operands[0]);  // a stage's recv
       out.push_back({v, *s.collective, operand, s.op.type, std::max(operand.bytes(), s.op.type.bytes())});
     }
     return out;
@@ -126,19 +154,59 @@ class SpmdProgram {
   Mesh mesh_;
   std::vector<SpmdOp> ops_;
   std::vector<Binding> inputs_, outputs_;
+  std::optional<SpmdPipeline> pipeline_;
 };
+
+// What the devices of one stage run: the ops of `stage` (and the inputs every stage holds) in program order,
+// renumbered; a recv keeps no operand (its send runs elsewhere) and a send's result holds nothing. Outputs
+// are those this stage holds, a received copy standing for a value made on another stage. `ids`, if given,
+// receives the pipelined program's id of each op. A program without a pipeline is its own stage 0.
+inline SpmdProgram stage_program(const SpmdProgram& p, int stage, std::vector<ValueId>* ids = nullptr) {
+  SpmdProgram out(p.name(), p.mesh());
+  std::vector<ValueId> local(static_cast<std::size_t>(p.size()), -1);
+  std::map<ValueId, ValueId> received;  // value sent from another stage -> its recv here
+  for (ValueId v = 0; v < p.size(); ++v) {
+    if (!p.runs(v, stage)) continue;
+    SpmdOp s = p.op(v);
+    if (s.collective && s.collective->kind == CollectiveKind::recv) {
+      received[p.op(s.op.operands.at(0)).op.operands.at(0)] = static_cast<ValueId>(out.size());
+      s.op.operands.clear();
+    }
+    for (auto& o : s.op.operands) o = local[static_cast<std::size_t>(o)];
+    if (s.collective && s.collective->kind == CollectiveKind::send) s.op.type.shape = {0};
+    local[static_cast<std::size_t>(v)] = out.add(std::move(s));
+    if (ids) ids->push_back(v);
+  }
+  for (Binding b : p.inputs())
+    if (p.runs(b.value, stage)) {
+      b.value = local[static_cast<std::size_t>(b.value)];
+      out.add_input(std::move(b));
+    }
+  for (Binding b : p.outputs()) {
+    if (p.runs(b.value, stage)) b.value = local[static_cast<std::size_t>(b.value)];
+    else if (auto it = received.find(b.value); it != received.end()) b.value = it->second;
+    else continue;
+    out.add_output(std::move(b));
+  }
+  return out;
+}
 
 inline std::string to_string(const Collective& c) {
   std::string s = std::string(name_of(c.kind)) + to_string(c.axes);
   if (c.dim >= 0) s += " dim " + std::to_string(c.dim);
   if (c.to_dim >= 0) s += " to dim " + std::to_string(c.to_dim);
+  if (c.peer >= 0) s += (c.kind == CollectiveKind::send ? " to stage " : " from stage ") + std::to_string(c.peer);
   return s;
 }
 
 // Stable text: one line per instruction with local types; collectives show their group axes, dims,
 // bytes and reason.
 inline std::ostream& operator<<(std::ostream& os, const SpmdProgram& p) {
-  os << "spmd " << p.name() << " on " << p.mesh().to_string() << " {\n";
+  os << "spmd " << p.name() << " on " << p.mesh().to_string();
+  if (const auto& pp = p.pipeline())
+    os << " pipelined over " << pp->axis << " (" << pp->stages << " stages, " << name_of(pp->schedule) << ", "
+       << pp->microbatches << " microbatches)";
+  os << " {\n";
   for (ValueId v = 0; v < p.size(); ++v) {
     const auto& s = p.op(v);
     if (s.collective) {
@@ -146,7 +214,8 @@ inline std::ostream& operator<<(std::ostream& os, const SpmdProgram& p) {
       os << "  %" << v << " = " << name_of(c.kind) << " %" << s.op.operands.at(0) << " {axes=" << to_string(c.axes);
       if (c.dim >= 0) os << ", dim=" << c.dim;
       if (c.to_dim >= 0) os << ", to_dim=" << c.to_dim;
-      os << "} : " << to_string(s.op.type) << "  # " << c.reason << "\n";
+      if (c.peer >= 0) os << ", peer=" << c.peer << ", tag=" << c.tag;
+      os << "}" << (s.stage >= 0 ? " @" + std::to_string(s.stage) : "") << " : " << to_string(s.op.type) << "  # " << c.reason << "\n";
       continue;
     }
     std::string line = "%" + std::to_string(v);
@@ -155,6 +224,7 @@ inline std::ostream& operator<<(std::ostream& os, const SpmdProgram& p) {
     for (std::size_t i = 0; i < s.op.operands.size(); ++i) line += (i ? ", %" : " %") + std::to_string(s.op.operands[i]);
     line += detail::attrs_str(s.op);
     if (!s.row_shard.empty()) line += " {rows=" + to_string(s.row_shard) + "}";
+    if (s.stage >= 0) line += " @" + std::to_string(s.stage);
     os << "  " << line << " : " << to_string(s.op.type) << "\n";
   }
   for (const auto& o : p.outputs()) {

@@ -19,6 +19,7 @@
 // nothing to act on is a UserError naming it.
 #include "partir/tactics/automatic.hpp"
 #include "partir/tactics/manual.hpp"
+#include "partir/tactics/pipeline.hpp"
 #include "partir/tactics/selector.hpp"
 #include "partir/tactics/tactic.hpp"
 
@@ -138,11 +139,11 @@ inline ManualPartition embedding(std::string axis, std::int64_t dim = 0) {
 }
 inline MultiQuery multi_query(std::string axis) { return {std::move(axis)}; }
 
-// "bp,mp,z3" with BP and ZeRO on `batch_axis` and MP, EMB and MQ on `model_axis` (the examples' --schedule
-// flag). "auto:<axis>" (or "auto", on `model_axis`) is an AutomaticPartition with default settings whose
+// "bp,mp,z3" with BP and ZeRO on `batch_axis`, MP, EMB and MQ on `model_axis` and PP (1F1B; pp:gpipe for
+// GPipe) on `stage_axis` (the examples' --schedule flag). "auto:<axis>" (or "auto", on `model_axis`) is an AutomaticPartition with default settings whose
 // `report` is set, so a caller can print what it chose.
 inline Schedule parse_schedule(std::string_view text, const std::string& batch_axis = "batch",
-                               const std::string& model_axis = "model") {
+                               const std::string& model_axis = "model", const std::string& stage_axis = "stage") {
   Schedule out;
   std::size_t start = 0;
   while (start < text.size()) {
@@ -153,6 +154,8 @@ inline Schedule parse_schedule(std::string_view text, const std::string& batch_a
     else if (item == "z2") out.push_back(zero2(batch_axis));
     else if (item == "z3") out.push_back(zero3(batch_axis));
     else if (item == "emb") out.push_back(embedding(model_axis));
+    else if (item == "pp" || item == "pp:1f1b") out.push_back(pipeline(stage_axis));
+    else if (item == "pp:gpipe") out.push_back(pipeline(stage_axis, PipelineSchedule::gpipe));
     else if (item == "mq") out.push_back(multi_query(model_axis));
     else if (item == "auto" || item.starts_with("auto:")) {
       const std::string axis = item == "auto" ? model_axis : std::string(item.substr(5));
@@ -162,7 +165,7 @@ inline Schedule parse_schedule(std::string_view text, const std::string& batch_a
     }
     else if (item != "none")
       user_error("schedule '" + std::string(text) + "': unknown tactic '" + std::string(item) +
-                 "' (expected none, bp, mp, z2, z3, emb, mq, auto:<axis>)");
+                 "' (expected none, bp, mp, z2, z3, emb, mq, pp, pp:gpipe, auto:<axis>)");
     start = end + 1;
   }
   return out;

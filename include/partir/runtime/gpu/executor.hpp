@@ -134,6 +134,8 @@ class Runner {
         give(received);
         return out;
       }
+      case CollectiveKind::send:
+      case CollectiveKind::recv: break;  // execute() refuses pipelined programs
     }
     internal_error("gpu executor: unknown collective");
   }
@@ -266,6 +268,10 @@ inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, cons
                             ExecuteOptions options = {}) {
   const Mesh& mesh = p.mesh();
   const std::string where = "execute " + p.name() + " (gpu, device " + std::to_string(comm.device()) + ")";
+  if (p.pipeline())
+    user_error(where + ": the program is pipelined over '" + p.pipeline()->axis +
+               "', which the GPU executor does not run yet (its sends would serialize the stages on one stream); "
+               "run pipelined programs on the threads or mpi backend");
   if (mesh.num_devices() != comm.num_devices())
     user_error(where + ": mesh " + mesh.to_string() + " has " + std::to_string(mesh.num_devices()) +
                " devices but the communicator has " + std::to_string(comm.num_devices()));
