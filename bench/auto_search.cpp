@@ -16,11 +16,17 @@
 #include <iostream>
 #include <thread>
 
+#include "../examples/cli.hpp"
+
 namespace p = partir;
 
 int main(int argc, char** argv) {
-  const int evaluations = argc > 1 ? std::atoi(argv[1]) : 32;
-  const std::int64_t layers = argc > 2 ? std::atoll(argv[2]) : 12;
+  cli::App app("The automatic search on a GPT train step: evaluations, time and the plan it picks.", "auto_search");
+  int evaluations = 32;
+  std::int64_t layers = 12;
+  app.add_option("evaluations", evaluations, "simulator evaluations the search may spend")->check(cli::at_least(1));
+  app.add_option("layers", layers, "transformer blocks")->check(cli::at_least(1));
+  app.parse(argc, argv);
   const p::nn::GptConfig c{.vocab = 256, .seq = 64, .d_model = 128, .heads = 4, .layers = layers};
   const p::nn::Gpt model{c};
   const p::Program step = p::train_step([&](p::Tensor t, p::Tensor y) { return model.loss(t, y); }, p::Adam{},

@@ -33,6 +33,8 @@
 #include <iostream>
 #include <optional>
 
+#include "../examples/cli.hpp"
+
 namespace p = partir;
 using p::CollectiveKind;
 
@@ -50,62 +52,50 @@ struct Options {
 };
 
 [[noreturn]] void fail(const std::string& why) {
-  std::cerr << "collectives: " << why << " (see --help)\n";
+  std::cerr << "error: " << why << " (see --help)\n";
   std::exit(2);
 }
 
 // nccl-tests sizes: a number with an optional K, M or G (powers of 1024).
-std::int64_t parse_bytes(const std::string& s) {
+std::int64_t parse_bytes(const std::string& flag, const std::string& s) {
   char* end = nullptr;
   const double x = std::strtod(s.c_str(), &end);
   const std::string unit = end;
   const double scale = unit.empty() ? 1 : unit == "K" ? 1 << 10 : unit == "M" ? 1 << 20 : unit == "G" ? 1 << 30 : -1;
-  if (end == s.c_str() || scale < 0 || x < 0) fail("bad size '" + s + "'");
+  if (end == s.c_str() || scale < 0 || x < 0) fail(flag + ": expected a size such as 8, 64K or 16M, got '" + s + "'");
   return static_cast<std::int64_t>(x * scale);
 }
 
 Options parse(int argc, char** argv) {
   Options o;
-  auto value = [&](int& i) -> std::string {
-    if (i + 1 >= argc) fail(std::string(argv[i]) + " needs a value");
-    return argv[++i];
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-h" || a == "--help") {
-      std::cout << "usage: collectives [-b min] [-e max] [-f factor] [-n iters] [-w warmup] [-r rounds] [-c 0|1]\n"
-                   "  [-o all_reduce|all_gather|reduce_scatter|all_to_all|sendrecv|all] [--backend threads|mpi|nccl]\n"
-                   "  [--devices N (threads)] [--mesh a=2,b=2] [--axis a[,b]] [--json out.json] [--raw]\n"
-                   "  [--rs-alternatives] [--calibrate profile.json]\n";
-      std::exit(0);
-    }
-    if (a == "-b") o.min_bytes = parse_bytes(value(i));
-    else if (a == "-e") o.max_bytes = parse_bytes(value(i));
-    else if (a == "-f") o.factor = parse_bytes(value(i));
-    else if (a == "-n") o.iterations = std::atoi(value(i).c_str());
-    else if (a == "-w") o.warmup = std::atoi(value(i).c_str());
-    else if (a == "-r") o.rounds = std::atoi(value(i).c_str());
-    else if (a == "-c") o.check = value(i) != "0";
-    else if (a == "-o") {
-      const std::string op = value(i);
-      o.ops = op == "all"        ? std::vector{CollectiveKind::all_reduce, CollectiveKind::all_gather,
-                                                CollectiveKind::reduce_scatter, CollectiveKind::all_to_all,
-                                                CollectiveKind::send}
-              : op == "sendrecv" ? std::vector{CollectiveKind::send}
-                                 : std::vector{p::parse_collective_kind(op)};
-      if (o.ops[0] == CollectiveKind::all_slice) fail("all_slice communicates nothing");
-    } else if (a == "--backend") o.backend = value(i);
-    else if (a == "--devices") o.devices = std::atoi(value(i).c_str());
-    else if (a == "--mesh") o.mesh = value(i);
-    else if (a == "--axis") o.axis = value(i);
-    else if (a == "--json") o.json_path = value(i);
-    else if (a == "--calibrate") o.calibrate_path = value(i);
-    else if (a == "--raw") o.raw = true;
-    else if (a == "--rs-alternatives") o.rs_alternatives = true;
-    else fail("unknown argument '" + a + "'");
-  }
-  if (o.min_bytes < 1 || o.max_bytes < o.min_bytes || o.factor < 2 || o.iterations < 1 || o.warmup < 0 || o.rounds < 1)
-    fail("need 1 <= -b <= -e, -f >= 2, -n >= 1, -w >= 0, -r >= 1");
+  std::string min = "8", max = "64M", factor = "2", op = "all_reduce";
+  cli::App app("Collectives through partir's communicators, in nccl-tests' conventions.", "collectives");
+  app.add_option("-b,--minbytes", min, "smallest buffer (bytes; K, M, G suffixes)");
+  app.add_option("-e,--maxbytes", max, "largest buffer");
+  app.add_option("-f,--stepfactor", factor, "size multiplier between rows (>= 2)");
+  app.add_option("-n,--iters", o.iterations, "timed calls per round")->check(cli::at_least(1));
+  app.add_option("-w,--warmup_iters", o.warmup, "untimed calls first")->check(cli::at_least(0));
+  app.add_option("-r,--rounds", o.rounds, "rounds; the best counts")->check(cli::at_least(1));
+  app.add_option("-c,--check", o.check, "check one call's result (0 or 1)");
+  app.add_option("-o,--op", op, "all_reduce, all_gather, reduce_scatter, all_to_all, sendrecv or all")
+      ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv", "all"}));
+  app.add_option("--backend", o.backend, "threads, mpi (under mpirun) or nccl")->check(CLI::IsMember({"threads", "mpi", "nccl"}));
+  app.add_option("--devices", o.devices, "threads: devices (default 2); nccl: GPUs (default all)")->check(cli::at_least(0));
+  app.add_option("--mesh", o.mesh, "a mesh over the devices, e.g. a=2,b=2 (default: one axis d)");
+  app.add_option("--axis", o.axis, "the group's axes, e.g. a or a,b (default: all)");
+  app.add_option("--json", o.json_path, "also write the rows as JSON");
+  app.add_flag("--raw", o.raw, "mpi: also time MPI called directly and print partir/raw");
+  app.add_flag("--rs-alternatives", o.rs_alternatives, "mpi: reduce_scatter built four ways");
+  app.add_option("--calibrate", o.calibrate_path, "measure this machine and write a hardware profile (JSON) instead");
+  app.parse(argc, argv);
+  o.min_bytes = parse_bytes("-b", min);
+  o.max_bytes = parse_bytes("-e", max);
+  o.factor = parse_bytes("-f", factor);
+  o.ops = op == "all"        ? std::vector{CollectiveKind::all_reduce, CollectiveKind::all_gather,
+                                           CollectiveKind::reduce_scatter, CollectiveKind::all_to_all, CollectiveKind::send}
+          : op == "sendrecv" ? std::vector{CollectiveKind::send}
+                             : std::vector{p::parse_collective_kind(op)};
+  if (o.min_bytes < 1 || o.max_bytes < o.min_bytes || o.factor < 2) fail("need 1 <= -b <= -e and -f >= 2");
   if ((o.raw || o.rs_alternatives) && o.backend != "mpi") fail("--raw and --rs-alternatives compare against MPI: use --backend mpi");
   return o;
 }
@@ -284,15 +274,15 @@ void print(const std::vector<Row>& rows, const Options& o, const std::string& se
 }
 
 void write_json(const std::vector<Row>& rows, const std::string& path, const std::string& setup) {
-  p::json::Value list = p::json::array();
+  p::json::Value list = p::json::Value::array();
   for (const auto& r : rows) {
-    auto row = p::json::object();
-    row.set("collective", r.op).set("size", r.bytes).set("count", r.count).set("type", "float");
-    row.set("time_us", r.seconds * 1e6).set("algbw_gbs", r.algbw).set("busbw_gbs", r.busbw).set("wrong", std::int64_t{r.wrong});
-    if (r.raw_seconds) row.set("raw_time_us", *r.raw_seconds * 1e6).set("raw_busbw_gbs", *r.raw_busbw);
-    list.push(std::move(row));
+    p::json::Value row = {{"collective", r.op},      {"size", r.bytes},          {"count", r.count},
+                          {"type", "float"},         {"time_us", r.seconds * 1e6}, {"algbw_gbs", r.algbw},
+                          {"busbw_gbs", r.busbw},    {"wrong", r.wrong}};
+    if (r.raw_seconds) row.update({{"raw_time_us", *r.raw_seconds * 1e6}, {"raw_busbw_gbs", *r.raw_busbw}});
+    list.push_back(std::move(row));
   }
-  p::json::write_file(path, p::json::object().set("setup", setup).set("rows", std::move(list)));
+  p::json::write_file(path, {{"setup", setup}, {"rows", list}});
 }
 
 // Runs the benchmark (or the calibration) on this device; device 0 reports.

@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "../examples/cli.hpp"
+
 namespace p = partir;
 
 namespace {
@@ -79,8 +81,12 @@ double bp_step_ms(p::mpi::Communicator& comm, const p::Program& step, int reps) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int reps = argc > 1 && argv[1][0] != '-' ? std::atoi(argv[1]) : 5;
-  const bool use_mpi = std::string(argv[argc - 1]) == "--mpi";
+  cli::App app("bf16 vs f32 GPT train steps: time, peak memory and gradient bytes.", "mixed_precision");
+  int reps = 5;
+  bool use_mpi = false;
+  app.add_option("reps", reps, "timed steps per configuration (the median counts)")->check(cli::at_least(1));
+  app.add_flag("--mpi", use_mpi, "BP on 2 MPI ranks (run under mpirun -np 2)");
+  app.parse(argc, argv);
   p::keep_freed_memory();
   const p::Program f32 = step_for(p::DType::f32), bf16 = step_for(p::DType::bf16);
 

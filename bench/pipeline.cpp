@@ -15,6 +15,8 @@
 #include <cstdio>
 #include <random>
 
+#include "../examples/cli.hpp"
+
 namespace p = partir;
 
 namespace {
@@ -71,7 +73,10 @@ Run measure(int stages, int m, p::PipelineSchedule schedule, int reps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int reps = argc > 1 ? std::atoi(argv[1]) : 3;
+  cli::App app("Pipeline schedules on a GPT: step time, bubble predicted vs measured, stage-0 memory.", "pipeline");
+  int reps = 3;
+  app.add_option("reps", reps, "timed steps per configuration (the median counts)")->check(cli::at_least(1));
+  app.parse(argc, argv);
   std::printf("GPT %lld layers, d_model %lld, seq %lld, batch %ld; threads backend, one device per stage\n",
               static_cast<long long>(config.layers), static_cast<long long>(config.d_model),
               static_cast<long long>(config.seq), batch);

@@ -12,6 +12,8 @@
 #include <random>
 #include <vector>
 
+#include "../examples/cli.hpp"
+
 namespace p = partir;
 
 namespace {
@@ -63,7 +65,10 @@ Run measure(const p::Program& step, const p::Mesh& mesh, const std::string& sche
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int reps = argc > 1 ? std::atoi(argv[1]) : 3;
+  cli::App app("Rematerialization policies on a GPT: peak memory and step time vs none.", "remat");
+  int reps = 3;
+  app.add_option("reps", reps, "timed steps per configuration (the median counts)")->check(cli::at_least(1));
+  app.parse(argc, argv);
   p::keep_freed_memory();
   const std::vector<p::Remat> policies{p::Remat::none(), p::Remat::selective(), p::Remat::blocks()};
   std::vector<p::Program> steps;

@@ -23,6 +23,8 @@
 #include <iostream>
 #include <limits>
 
+#include "../examples/cli.hpp"
+
 namespace p = partir;
 
 namespace {
@@ -37,11 +39,11 @@ struct Options {
 };
 
 [[noreturn]] void fail(const std::string& why) {
-  std::cerr << "simulator_accuracy: " << why << "\n";
+  std::cerr << "error: " << why << " (see --help)\n";
   std::exit(2);
 }
 
-std::vector<std::int64_t> parse_list(const std::string& s) {
+std::vector<std::int64_t> parse_list(const std::string& flag, const std::string& s) {
   std::vector<std::int64_t> out;
   std::size_t start = 0;
   while (start <= s.size()) {
@@ -49,7 +51,7 @@ std::vector<std::int64_t> parse_list(const std::string& s) {
     char* stop = nullptr;
     const std::string item = s.substr(start, end - start);
     out.push_back(std::strtoll(item.c_str(), &stop, 10));
-    if (item.empty() || *stop || out.back() < 1) fail("expected positive integers separated by commas, got '" + s + "'");
+    if (item.empty() || *stop || out.back() < 1) fail(flag + ": expected positive integers separated by commas, got '" + s + "'");
     start = end + 1;
   }
   return out;
@@ -57,26 +59,19 @@ std::vector<std::int64_t> parse_list(const std::string& s) {
 
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "-h" || a == "--help") {
-      std::cout << "usage: simulator_accuracy [--backend threads|mpi] [--devices 2,4] [--batch 256]\n"
-                   "  [--sizes 1024,4096,1024] [--reps 5] [--profile calibrate|cpu|file.json] [--json out.json]\n"
-                   "  [--trace-dir dir]   (simulated and measured timelines as Chrome trace JSON)\n";
-      std::exit(0);
-    }
-    if (i + 1 >= argc) fail(a + " needs a value (see --help)");
-    const std::string v = argv[++i];
-    if (a == "--backend") o.backend = v;
-    else if (a == "--devices") o.devices = parse_list(v);
-    else if (a == "--batch") o.batch = parse_list(v).at(0);
-    else if (a == "--sizes") o.sizes = parse_list(v);
-    else if (a == "--reps") o.reps = static_cast<int>(parse_list(v).at(0));
-    else if (a == "--profile") o.profile = v;
-    else if (a == "--json") o.json_path = v;
-    else if (a == "--trace-dir") o.trace_dir = v;
-    else fail("unknown argument '" + a + "' (see --help)");
-  }
+  std::string devices = "2,4", sizes = "1024,4096,1024";
+  cli::App app("The simulator's predicted step time and memory against measured ones, per strategy.", "simulator_accuracy");
+  app.add_option("--backend", o.backend, "threads or mpi (under mpirun)")->check(CLI::IsMember({"threads", "mpi"}));
+  app.add_option("--devices", devices, "device counts (threads backend), comma-separated");
+  app.add_option("--batch", o.batch, "examples per step")->check(cli::at_least(1));
+  app.add_option("--sizes", sizes, "the MLP's layer widths, input first");
+  app.add_option("--reps", o.reps, "timed steps per configuration")->check(cli::at_least(1));
+  app.add_option("--profile", o.profile, "calibrate (measure first), a built-in profile name, or a profile JSON file");
+  app.add_option("--json", o.json_path, "also write the rows as JSON");
+  app.add_option("--trace-dir", o.trace_dir, "simulated and measured timelines as Chrome trace JSON");
+  app.parse(argc, argv);
+  o.devices = parse_list("--devices", devices);
+  o.sizes = parse_list("--sizes", sizes);
   if (o.sizes.size() < 2) fail("--sizes needs at least {in, out}");
   return o;
 }
@@ -223,22 +218,20 @@ void report(const std::vector<Result>& results, const Options& o, const std::str
   std::printf("# time:        rank correlation %.3f, worst |error| %.1f%% (targets 1.0, 15%%)\n", spearman(pt, mt), worst_time);
   std::printf("# peak memory: rank correlation %.3f, worst |error| %.2f%% (targets 1.0, 5%%)\n", spearman(pm, mm), worst_memory);
   if (o.json_path.empty()) return;
-  p::json::Value rows = p::json::array();
+  p::json::Value rows = p::json::Value::array();
   for (const auto& r : results)
-    rows.push(p::json::object()
-                  .set("devices", r.devices)
-                  .set("strategy", r.strategy)
-                  .set("mesh", r.mesh)
-                  .set("measured_seconds", r.measured.seconds)
-                  .set("measured_communication_seconds", r.measured.communication_seconds)
-                  .set("measured_peak_bytes", r.measured.peak_bytes)
-                  .set("predicted", r.predicted.to_json()));
-  p::json::write_file(o.json_path, p::json::object()
-                                       .set("model", model)
-                                       .set("backend", o.backend)
-                                       .set("time_rank_correlation", spearman(pt, mt))
-                                       .set("memory_rank_correlation", spearman(pm, mm))
-                                       .set("results", std::move(rows)));
+    rows.push_back({{"devices", r.devices},
+                    {"strategy", r.strategy},
+                    {"mesh", r.mesh},
+                    {"measured_seconds", r.measured.seconds},
+                    {"measured_communication_seconds", r.measured.communication_seconds},
+                    {"measured_peak_bytes", r.measured.peak_bytes},
+                    {"predicted", r.predicted.to_json()}});
+  p::json::write_file(o.json_path, {{"model", model},
+                                    {"backend", o.backend},
+                                    {"time_rank_correlation", spearman(pt, mt)},
+                                    {"memory_rank_correlation", spearman(pm, mm)},
+                                    {"results", rows}});
 }
 
 }  // namespace

@@ -17,6 +17,8 @@
 #include <functional>
 #include <vector>
 
+#include "../examples/cli.hpp"
+
 namespace p = partir;
 using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
 using Row = Eigen::Matrix<float, 1, Eigen::Dynamic>;
@@ -79,8 +81,12 @@ double spmd_step_ms(C& comm, const p::SpmdProgram& spmd, const p::NamedArrays& g
 }
 
 int main(int argc, char** argv) {
-  const int reps = argc > 1 && argv[1][0] != '-' ? std::atoi(argv[1]) : 5;
-  const bool use_mpi = std::string(argv[argc - 1]) == "--mpi";
+  cli::App app("MLP train step time: one device vs BP on two, threads or MPI ranks.", "step_time");
+  int reps = 5;
+  bool use_mpi = false;
+  app.add_option("reps", reps, "timed steps per configuration (the median counts)")->check(cli::at_least(1));
+  app.add_flag("--mpi", use_mpi, "BP on 2 MPI ranks (run under mpirun -np 2)");
+  app.parse(argc, argv);
   p::keep_freed_memory();
   const long batch = 256, in = 1024, hidden = 4096;
   const float lr = 1e-2f;

@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "../examples/cli.hpp"
+
 namespace p = partir;
 
 namespace {
@@ -86,13 +88,12 @@ int main(int argc, char** argv) {
   int reps = 10, rounds = 2;
   std::string python = std::system("test -x /usr/bin/python3") == 0 ? "/usr/bin/python3" : "python3";  // Debian's torch
   std::string script = PARTIR_BENCH_DIR "/vs_pytorch_mlp.py";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--python" && i + 1 < argc) python = argv[++i];
-    else if (a == "--script" && i + 1 < argc) script = argv[++i];
-    else if (a == "--rounds" && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]));
-    else reps = std::max(1, std::atoi(argv[i]));
-  }
+  cli::App app("The MLP train step: partir vs the GEMM peak and vs PyTorch, in one run.", "vs_pytorch_mlp");
+  app.add_option("reps", reps, "timed steps per round")->check(cli::at_least(1));
+  app.add_option("--rounds", rounds, "rounds, alternating partir and PyTorch (the best counts)")->check(cli::at_least(1));
+  app.add_option("--python", python, "the Python with torch");
+  app.add_option("--script", script, "the PyTorch side");
+  app.parse(argc, argv);
   const long batch = 256, in = 1024, hidden = 4096;
   const float lr = 1e-2f;
   const double flops = 5.0 * 2 * batch * in * hidden;

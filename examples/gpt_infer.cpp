@@ -31,30 +31,31 @@ std::string plan_summary(const p::SpmdProgram& spmd) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  cli::Args args(argc, argv, "usage: gpt_infer [flags]\nTrains a multi-query GPT, then decodes with the MQ sharding.");
-  const long steps = args.get_int("steps", 200, "training steps before decoding");
-  const long batch = args.get_int("batch", 16, "training sequences per step (global)");
-  const long seq = args.get_int("seq", 64, "context length in bytes");
-  const long layers = args.get_int("layers", 2, "transformer blocks");
-  const long dmodel = args.get_int("dmodel", 64, "model width");
-  const long heads = args.get_int("heads", 4, "query heads (one shared K/V head)");
-  const long prompts = args.get_int("prompts", 4, "prompts decoded together (the decode batch)");
-  const long tokens = args.get_int("tokens", 48, "bytes generated per prompt");
-  const long seed = args.get_int("seed", 0, "seed of parameters, batches, prompts and sampling");
-  const double lr = args.get_double("lr", 3e-3, "Adam learning rate");
-  const double temperature = args.get_double("temperature", 0, "sampling temperature; 0 picks the likeliest byte");
-  const std::string corpus_path = args.get("corpus", PARTIR_GPT_CORPUS, "training text");
-  const std::string mesh_text = args.get("mesh", "model=2", "device mesh, axes major to minor");
-  const std::string schedule_text = args.get("schedule", "mq", "decode tactics: bp, mq, ... (comma-separated)");
-  const std::string train_schedule_text = args.get("train-schedule", "mq", "training tactics (comma-separated)");
-  const std::string backend = args.get("backend", "threads", "threads (one process), mpi (under mpirun) or nccl (one GPU per device)");
-  const std::string report = args.get("report", "", "'json' writes a JSON report of the decoding");
-  const std::string report_file = args.get("report-file", "gpt_infer_report.json", "where --report json writes");
-  const examples::CheckpointOptions checkpoint = examples::checkpoint_flags(args);
-  args.finish();
+  cli::App app("Trains a multi-query GPT, then decodes with the MQ sharding.", "gpt_infer");
+  long steps = 200, batch = 16, seq = 64, layers = 2, dmodel = 64, heads = 4, prompts = 4, tokens = 48, seed = 0;
+  double lr = 3e-3, temperature = 0;
+  std::string corpus_path = PARTIR_GPT_CORPUS, train_schedule_text = "mq";
+  app.add_option("--steps", steps, "training steps before decoding")->check(cli::at_least(1));
+  app.add_option("--batch", batch, "training sequences per step (global)")->check(cli::at_least(1));
+  app.add_option("--seq", seq, "context length in bytes")->check(cli::at_least(1));
+  app.add_option("--layers", layers, "transformer blocks")->check(cli::at_least(1));
+  app.add_option("--dmodel", dmodel, "model width")->check(cli::at_least(1));
+  app.add_option("--heads", heads, "query heads (one shared K/V head)")->check(cli::at_least(1));
+  app.add_option("--prompts", prompts, "prompts decoded together (the decode batch)")->check(cli::at_least(1));
+  app.add_option("--tokens", tokens, "bytes generated per prompt")->check(cli::at_least(1));
+  app.add_option("--seed", seed, "seed of parameters, batches, prompts and sampling");
+  app.add_option("--lr", lr, "Adam learning rate")->check(cli::at_least(0));
+  app.add_option("--temperature", temperature, "sampling temperature; 0 picks the likeliest byte")->check(cli::at_least(0));
+  app.add_option("--corpus", corpus_path, "training text");
+  const examples::RunFlags flags(app, "model=2", "mq", "decode tactics: bp, mq, ... (comma-separated)",
+                                 "gpt_infer_report.json");
+  app.add_option("--train-schedule", train_schedule_text, "training tactics (comma-separated)");
+  app.parse(argc, argv);
+  const std::string &mesh_text = flags.mesh, &schedule_text = flags.schedule, &backend = flags.backend;
+  const std::string &report = flags.report, &report_file = flags.report_file;
+  const examples::CheckpointOptions& checkpoint = flags.checkpoint;
 
   try {
-    if (!report.empty() && report != "json") p::user_error("--report: expected 'json', got '" + report + "'");
     const p::nn::Gpt model{{.vocab = 256, .seq = seq, .d_model = dmodel, .heads = heads, .layers = layers,
                             .multi_query = true}};
     const std::string text = gpt::load_corpus(corpus_path, seq);
@@ -120,17 +121,11 @@ int main(int argc, char** argv) {
                 << 1e3 * seconds / static_cast<double>(tokens) << " ms per step\n"
                 << "max |partitioned - single-device| logit difference at step 1: " << max_diff << std::endl;
       if (report != "json") return;
-      std::ofstream f(report_file);
-      f << "{\n  \"run\": \"gpt_infer mesh " << examples::json_escape(mesh.to_string()) << " schedule "
-        << examples::json_escape(schedule_text) << " backend " << backend << "\",\n  \"tokens_per_s\": " << per_s
-        << ",\n  \"ms_per_step\": " << 1e3 * seconds / static_cast<double>(tokens) << ",\n  \"peak_bytes_device0\": "
-        << peak << ",\n  \"max_logit_difference\": " << max_diff << ",\n  \"collectives\": [";
-      const auto plan = decode.collectives();
-      for (std::size_t i = 0; i < plan.size(); ++i)
-        f << (i ? ",\n" : "\n") << "    {\"kind\": \"" << p::name_of(plan[i].collective.kind) << "\", \"axes\": \""
-          << p::to_string(plan[i].collective.axes) << "\", \"bytes\": " << plan[i].bytes << ", \"reason\": \""
-          << examples::json_escape(plan[i].collective.reason) << "\"}";
-      f << "\n  ]\n}\n";
+      p::json::write_file(report_file,
+                          {{"run", "gpt_infer mesh " + mesh.to_string() + " schedule " + schedule_text + " backend " + backend},
+                           {"tokens_per_s", per_s}, {"ms_per_step", 1e3 * seconds / static_cast<double>(tokens)},
+                           {"peak_bytes_device0", peak}, {"max_logit_difference", max_diff},
+                           {"collectives", examples::collectives_json(decode)}});
       std::cout << "report written to " << report_file << std::endl;
     };
 

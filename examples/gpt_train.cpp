@@ -15,55 +15,58 @@
 namespace p = partir;
 
 int main(int argc, char** argv) {
-  cli::Args args(argc, argv, "usage: gpt_train [flags]\nTrains a byte-level GPT on a text file with partir.");
-  const long steps = args.get_int("steps", 300, "training steps");
-  const long batch = args.get_int("batch", 16, "sequences per step (global)");
-  const long seq = args.get_int("seq", 64, "context length in bytes");
-  const long layers = args.get_int("layers", 2, "transformer blocks");
-  const long dmodel = args.get_int("dmodel", 64, "model width");
-  const long heads = args.get_int("heads", 4, "attention heads");
-  const long tied = args.get_int("tied", 1, "1: output projection is the token table; 0: its own weights");
-  const long seed = args.get_int("seed", 0, "seed of parameters, batches and sampling");
-  const std::string corpus_path = args.get("corpus", PARTIR_GPT_CORPUS, "training text");
-  const std::string mesh_text = args.get("mesh", "batch=1", "device mesh, axes major to minor");
-  const std::string schedule_text =
-      args.get("schedule", "none", "tactics in order: bp, mp, z2, z3, emb, pp (1F1B on axis stage), pp:gpipe, auto:model (comma-separated)");
-  const std::string backend = args.get("backend", "threads", "threads (one process), mpi (under mpirun) or nccl (one GPU per device)");
-  const std::string report = args.get("report", "", "'json' writes a JSON report of the run");
-  const std::string report_file = args.get("report-file", "gpt_train_report.json", "where --report json writes");
-  const long sample = args.get_int("sample", 0, "bytes to generate after training");
-  const double temperature = args.get_double("temperature", 0, "sampling temperature; 0 picks the likeliest byte");
-  const examples::Recipe recipe = examples::recipe_flags(args, steps, 3e-3);
-  const double holdout = args.get_double("holdout", 0.1, "fraction of the corpus held out for validation (0: none)");
-  const long eval_every = args.get_int("eval-every", 0, "a validation loss every N steps (0: steps/5) and after the last");
-  const long eval_batches = args.get_int("eval-batches", 4, "held-out batches per validation");
-  const long log_every = examples::log_every_flag(args, steps);
-  const p::MixedPrecision precision = examples::precision_flag(args);
-  const examples::CheckpointOptions checkpoint = examples::checkpoint_flags(args);
-  args.finish();
+  cli::App app("Trains a byte-level GPT on a text file with partir.", "gpt_train");
+  long steps = 300, batch = 16, seq = 64, layers = 2, dmodel = 64, heads = 4, tied = 1, seed = 0, sample = 0;
+  long eval_every = 0, eval_batches = 4;
+  double temperature = 0, holdout = 0.1;
+  std::string corpus_path = PARTIR_GPT_CORPUS;
+  app.add_option("--steps", steps, "training steps")->check(cli::at_least(1));
+  app.add_option("--batch", batch, "sequences per step (global)")->check(cli::at_least(1));
+  app.add_option("--seq", seq, "context length in bytes")->check(cli::at_least(1));
+  app.add_option("--layers", layers, "transformer blocks")->check(cli::at_least(1));
+  app.add_option("--dmodel", dmodel, "model width")->check(cli::at_least(1));
+  app.add_option("--heads", heads, "attention heads")->check(cli::at_least(1));
+  app.add_option("--tied", tied, "1: output projection is the token table; 0: its own weights")->check(CLI::Range(0, 1));
+  app.add_option("--seed", seed, "seed of parameters, batches and sampling");
+  app.add_option("--corpus", corpus_path, "training text");
+  examples::RunFlags run(app, "batch=1", "none",
+                         "tactics in order: bp, mp, z2, z3, emb, pp (1F1B on axis stage), pp:gpipe, auto:model "
+                         "(comma-separated)",
+                         "gpt_train_report.json");
+  app.add_option("--sample", sample, "bytes to generate after training")->check(cli::at_least(0));
+  app.add_option("--temperature", temperature, "sampling temperature; 0 picks the likeliest byte")->check(cli::at_least(0));
+  const examples::RecipeFlags recipe_flags(app, 3e-3);
+  app.add_option("--holdout", holdout, "fraction of the corpus held out for validation (0: none)");
+  app.add_option("--eval-every", eval_every, "a validation loss every N steps (0: steps/5) and after the last")
+      ->check(cli::at_least(0));
+  app.add_option("--eval-batches", eval_batches, "held-out batches per validation")->check(cli::at_least(1));
+  const examples::LoopFlags loop(app);
+  app.parse(argc, argv);
+  const examples::Recipe recipe = recipe_flags.recipe(steps);
 
   try {
-    if (!report.empty() && report != "json") p::user_error("--report: expected 'json', got '" + report + "'");
+    const p::MixedPrecision precision = loop.mixed_precision();
     const p::nn::Gpt model{{.vocab = 256, .seq = seq, .d_model = dmodel, .heads = heads, .layers = layers,
                             .tied = tied != 0}};
     const std::string text = gpt::load_corpus(corpus_path, seq);
-    if (eval_batches < 1) p::user_error("--eval-batches: expected >= 1, got " + std::to_string(eval_batches));
     const auto [train_text, held_out] = gpt::split_corpus(text, holdout, seq);
     const p::Program step = gpt::train_program(model, batch, recipe, precision);
-    const p::Mesh mesh = p::Mesh::parse(mesh_text);
-    const p::SpmdProgram spmd = p::lower(examples::partition_and_report(step, mesh, p::parse_schedule(schedule_text)));
+    const p::Mesh mesh = p::Mesh::parse(run.mesh);
+    const p::SpmdProgram spmd = p::lower(examples::partition_and_report(step, mesh, p::parse_schedule(run.schedule)));
     // Validation: the loss alone, partitioned by the same schedule (ZeRO-2 shards only optimizer state, which
     // the forward pass does not read).
     const p::Program eval = gpt::eval_program(model, batch, precision);
-    const p::SpmdProgram eval_spmd = p::lower(p::partition(eval, mesh, p::parse_schedule(examples::without_tactic(schedule_text, "z2"))));
-    examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), batch * seq,
-                                  report == "json" ? report_file : "",
-                                  "gpt_train mesh " + mesh.to_string() + " schedule " + schedule_text +
-                                      " backend " + backend + " precision " + std::string(name_of(precision.compute)),
-                                  checkpoint, log_every, recipe, eval_every > 0 ? eval_every : std::max(1L, steps / 5)};
+    const p::SpmdProgram eval_spmd = p::lower(p::partition(eval, mesh, p::parse_schedule(examples::without_tactic(run.schedule, "z2"))));
+    examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), batch * seq, run.report_path(),
+                                  "gpt_train mesh " + mesh.to_string() + " schedule " + run.schedule + " backend " +
+                                      run.backend + " precision " + std::string(name_of(precision.compute)),
+                                  run.checkpoint, loop.log_every_for(steps), recipe,
+                                  eval_every > 0 ? eval_every : std::max(1L, steps / 5)};
+    options.plot_dir = loop.plot_dir;
+    options.profile = loop.profile;
     auto next_batch = [&](long s) { return gpt::batch_at(train_text, batch, seq, static_cast<std::uint64_t>(seed), s); };
 
-    auto run = [&]<p::Communicator C>(C& comm) {
+    auto train = [&]<p::Communicator C>(C& comm) {
       const p::Executable exe(spmd, comm);
       const p::Executable evaluator(eval_spmd, comm);
       examples::LoopOptions o = options;
@@ -97,7 +100,7 @@ int main(int argc, char** argv) {
                 << gpt::printable(generated) << std::endl;
     };
 
-    examples::run_on_backend(backend, mesh.num_devices(), argc, argv, run);
+    examples::run_on_backend(run.backend, mesh.num_devices(), argc, argv, train);
   } catch (const p::UserError& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

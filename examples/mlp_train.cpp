@@ -18,32 +18,32 @@
 namespace p = partir;
 
 int main(int argc, char** argv) {
-  cli::Args args(argc, argv, "usage: mlp_train [flags]\nTrains an MLP on a synthetic regression task with partir.");
-  const long steps = args.get_int("steps", 200, "training steps");
-  const long batch = args.get_int("batch", 256, "examples per step (global)");
-  const long hidden = args.get_int("hidden", 256, "hidden layer width");
-  const long features = args.get_int("features", 16, "input and output features");
-  const long seed = args.get_int("seed", 0, "seed of parameters and data");
-  const std::string mesh_text = args.get("mesh", "batch=2,model=2", "device mesh, axes major to minor");
-  const std::string schedule_text = args.get("schedule", "bp,mp,z3", "tactics in order: bp, mp, z2, z3, auto:model (comma-separated), or none");
-  const examples::Recipe recipe = examples::recipe_flags(args, steps, 3e-3);
-  const long log_every = examples::log_every_flag(args, steps);
-  const p::MixedPrecision precision = examples::precision_flag(args);
-  const bool check = !args.get_flag("no-check", "skip the check against the single-device program after training");
-  const std::string backend = args.get("backend", "threads", "threads (one process), mpi (under mpirun) or nccl (one GPU per device)");
-  const std::string report = args.get("report", "", "'json' writes a JSON report of the run");
-  const std::string report_file = args.get("report-file", "mlp_train_report.json", "where --report json writes");
-  const examples::CheckpointOptions checkpoint = examples::checkpoint_flags(args);
-  args.finish();
+  cli::App app("Trains an MLP on a synthetic regression task with partir.", "mlp_train");
+  long steps = 200, batch = 256, hidden = 256, features = 16, seed = 0;
+  bool no_check = false;
+  app.add_option("--steps", steps, "training steps")->check(cli::at_least(1));
+  app.add_option("--batch", batch, "examples per step (global)")->check(cli::at_least(1));
+  app.add_option("--hidden", hidden, "hidden layer width")->check(cli::at_least(1));
+  app.add_option("--features", features, "input and output features")->check(cli::at_least(1));
+  app.add_option("--seed", seed, "seed of parameters and data");
+  examples::RunFlags run(app, "batch=2,model=2", "bp,mp,z3",
+                         "tactics in order: bp, mp, z2, z3, auto:model (comma-separated), or none", "mlp_train_report.json");
+  const examples::RecipeFlags recipe_flags(app, 3e-3);
+  const examples::LoopFlags loop(app);
+  app.add_flag("--no-check", no_check, "skip the check against the single-device program after training");
+  app.parse(argc, argv);
+  const examples::Recipe recipe = recipe_flags.recipe(steps);
+  const bool check = !no_check;
 
   try {
     p::nn::Mlp model{"params/mlp", {features, hidden, hidden, features}};
+    const p::MixedPrecision precision = loop.mixed_precision();
     const p::Program step = recipe.train_step([&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); },
                                               {{"x", {batch, features}}, {"y", {batch, features}}}, precision);
-    const p::Mesh mesh = p::Mesh::parse(mesh_text);
-    const p::Partitioned plan = examples::partition_and_report(step, mesh, p::parse_schedule(schedule_text));
+    const p::Mesh mesh = p::Mesh::parse(run.mesh);
+    const p::Partitioned plan = examples::partition_and_report(step, mesh, p::parse_schedule(run.schedule));
     const p::SpmdProgram spmd = p::lower(plan);
-    if (examples::lead_process()) examples::print_plan_summary(std::cout, plan, spmd, schedule_text, "params/mlp/w1");
+    if (examples::lead_process()) examples::print_plan_summary(std::cout, plan, spmd, run.schedule, "params/mlp/w1");
 
     std::mt19937_64 teacher_rng(static_cast<std::uint64_t>(seed) + 1);
     std::normal_distribution<float> normal(0.f, 1.f);
@@ -63,11 +63,12 @@ int main(int argc, char** argv) {
       return p::NamedArrays{{"x", p::Array({batch, features}, std::move(x))},
                             {"y", p::Array({batch, features}, std::move(y))}};
     };
-    examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), batch,
-                                  report == "json" ? report_file : "",
-                                  "mlp_train mesh " + mesh.to_string() + " schedule " + schedule_text + " backend " + backend +
-                                      " precision " + std::string(name_of(precision.compute)),
-                                  checkpoint, log_every, recipe};
+    examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), batch, run.report_path(),
+                                  "mlp_train mesh " + mesh.to_string() + " schedule " + run.schedule + " backend " +
+                                      run.backend + " precision " + std::string(name_of(precision.compute)),
+                                  run.checkpoint, loop.log_every_for(steps), recipe};
+    options.plot_dir = loop.plot_dir;
+    options.profile = loop.profile;
     // The same steps on one device (the interpreter, from the same initial state and batches): the partitioned
     // run must end with the same parameters and loss, up to float rounding in a different order.
     if (check)
@@ -93,9 +94,7 @@ int main(int argc, char** argv) {
                   << " state arrays" << (where.empty() ? "" : " (largest in " + where + ")") << ", final loss "
                   << std::setprecision(6) << single_loss << " vs " << loss << std::endl;
       };
-    if (!report.empty() && report != "json") p::user_error("--report: expected 'json', got '" + report + "'");
-
-    examples::run_on_backend(backend, mesh.num_devices(), argc, argv,
+    examples::run_on_backend(run.backend, mesh.num_devices(), argc, argv,
                              [&](auto& c) { examples::train(p::Executable(spmd, c), next_batch, options); });
   } catch (const p::UserError& e) {
     std::cerr << "error: " << e.what() << "\n";

@@ -45,43 +45,54 @@ struct Recipe {
   }
 };
 
-// Bad values end the program as a bad flag does (exit 2), before anything runs.
-inline Recipe recipe_flags(cli::Args& args, long steps, double default_lr) try {
-  Recipe r;
-  r.optimizer = args.get("optimizer", "adam", "adamw (decoupled weight decay on matrices), adam or sgd");
-  r.lr = args.get_double("lr", default_lr, "peak learning rate");
-  const std::string decay = args.get("weight-decay", "default", "weight decay of adamw (default 0.01) or sgd (default 0)");
-  r.momentum = args.get_double("momentum", 0, "sgd momentum");
-  const std::string clip = args.get("clip", "off", "clip gradients to this global L2 norm");
-  const std::string schedule = args.get("lr-schedule", "constant",
-                                        "constant, warmup, cosine, linear, warmup_cosine or warmup_linear");
-  const long warmup = args.get_int("warmup", 0, "warmup steps of a warmup_* schedule");
-  const double final_scale = args.get_double("final-lr-scale", 0.1, "the decay's last rate, as a fraction of --lr");
-  r.remat = p::Remat::parse(args.get("remat", "none", "recompute activations in the backward pass: none, blocks, "
-                                                      "selective (attention's core and the MLP's activation) or "
-                                                      "attention (its core only); nn::Gpt's marks"),
-                            "--remat");
-  r.microbatches = static_cast<int>(args.get_int("microbatches", 1, "gradient accumulation: the batch as M microbatches, "
-                                                                    "one optimizer step"));
-  if (r.optimizer != "adamw" && r.optimizer != "adam" && r.optimizer != "sgd")
-    p::user_error("--optimizer: expected adamw, adam or sgd, got '" + r.optimizer + "'");
-  auto number = [](const std::string& flag, const std::string& text) {
-    char* end = nullptr;
-    const double x = std::strtod(text.c_str(), &end);
-    if (text.empty() || *end) p::user_error(flag + ": expected a number, got '" + text + "'");
-    return x;
-  };
-  if (decay != "default") {
-    if (r.optimizer == "adam") p::user_error("--weight-decay: adam has none (use --optimizer adamw for decoupled decay)");
-    r.weight_decay = number("--weight-decay", decay);
+// The recipe's flags, declared on `app` before it parses; recipe() then checks how they combine.
+struct RecipeFlags {
+  std::string optimizer = "adam", weight_decay = "default", clip = "off", lr_schedule = "constant", remat = "none";
+  double lr = 3e-3, momentum = 0, final_lr_scale = 0.1;
+  long warmup = 0, microbatches = 1;
+
+  RecipeFlags(CLI::App& app, double default_lr) : lr(default_lr) {
+    app.add_option("--optimizer", optimizer, "adamw (decoupled weight decay on matrices), adam or sgd")
+        ->check(CLI::IsMember({"adamw", "adam", "sgd"}));
+    app.add_option("--lr", lr, "peak learning rate")->check(cli::at_least(0));
+    app.add_option("--weight-decay", weight_decay, "weight decay of adamw (default 0.01) or sgd (default 0)");
+    app.add_option("--momentum", momentum, "sgd momentum")->check(cli::at_least(0));
+    app.add_option("--clip", clip, "clip gradients to this global L2 norm (or off)");
+    app.add_option("--lr-schedule", lr_schedule, "constant, warmup, cosine, linear, warmup_cosine or warmup_linear");
+    app.add_option("--warmup", warmup, "warmup steps of a warmup_* schedule")->check(cli::at_least(0));
+    app.add_option("--final-lr-scale", final_lr_scale, "the decay's last rate, as a fraction of --lr");
+    app.add_option("--remat", remat, "recompute activations in the backward pass: none, blocks, selective (attention's "
+                                     "core and the MLP's activation) or attention (its core only); nn::Gpt's marks");
+    app.add_option("--microbatches", microbatches, "gradient accumulation: the batch as M microbatches, one optimizer step")
+        ->check(cli::at_least(1));
   }
-  if (r.momentum != 0 && r.optimizer != "sgd") p::user_error("--momentum: only sgd takes a momentum");
-  if (clip != "off") r.clip = number("--clip", clip);
-  r.schedule = p::LRSchedule::parse(schedule, warmup, steps, final_scale, "--lr-schedule");
-  return r;
-} catch (const p::UserError& e) {
-  std::cerr << "error: " << e.what() << "\n";
-  std::exit(2);
-}
+
+  // Bad combinations end the program as a bad flag does (exit 2), before anything runs.
+  Recipe recipe(long steps) const try {
+    Recipe r;
+    r.optimizer = optimizer;
+    r.lr = lr;
+    r.momentum = momentum;
+    r.remat = p::Remat::parse(remat, "--remat");
+    r.microbatches = static_cast<int>(microbatches);
+    auto number = [](const std::string& flag, const std::string& text) {
+      char* end = nullptr;
+      const double x = std::strtod(text.c_str(), &end);
+      if (text.empty() || *end) p::user_error(flag + ": expected a number, got '" + text + "'");
+      return x;
+    };
+    if (weight_decay != "default") {
+      if (optimizer == "adam") p::user_error("--weight-decay: adam has none (use --optimizer adamw for decoupled decay)");
+      r.weight_decay = number("--weight-decay", weight_decay);
+    }
+    if (momentum != 0 && optimizer != "sgd") p::user_error("--momentum: only sgd takes a momentum");
+    if (clip != "off") r.clip = number("--clip", clip);
+    r.schedule = p::LRSchedule::parse(lr_schedule, warmup, steps, final_lr_scale, "--lr-schedule");
+    return r;
+  } catch (const p::UserError& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    std::exit(2);
+  }
+};
 
 }  // namespace examples

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "cli.hpp"
+#include "plot.hpp"
 #include "recipe.hpp"
 
 namespace examples {
@@ -40,25 +41,46 @@ struct CheckpointOptions {
   bool resume = false;
 };
 
-inline CheckpointOptions checkpoint_flags(cli::Args& args) {
-  CheckpointOptions c;
-  c.dir = args.get("checkpoint", "", "directory for sharded checkpoints of the training state");
-  c.every = args.get_int("checkpoint-every", 0, "save every N steps (0: after the last step only)");
-  c.resume = args.get_flag("resume", "continue from the latest checkpoint in --checkpoint DIR");
-  return c;
-}
+// Where an example runs and what it keeps: --mesh, --schedule, --backend, --report, --report-file and the
+// checkpoint flags, declared on `app` before it parses.
+struct RunFlags {
+  std::string mesh, schedule, backend = "threads", report, report_file;
+  CheckpointOptions checkpoint;
 
-// --log-every N: a progress line every N steps; 0 (the default) means every step up to 20 steps, else steps/10.
-inline long log_every_flag(cli::Args& args, long steps) {
-  const long n = args.get_int("log-every", 0, "a progress line every N steps (0: every step up to 20 steps, else steps/10)");
-  return n > 0 ? n : steps <= 20 ? 1 : std::max(1L, steps / 10);
-}
+  RunFlags(CLI::App& app, std::string mesh_default, std::string schedule_default, const std::string& schedule_help,
+           std::string report_default)
+      : mesh(std::move(mesh_default)), schedule(std::move(schedule_default)), report_file(std::move(report_default)) {
+    app.add_option("--mesh", mesh, "device mesh, axes major to minor (e.g. batch=2,model=2)");
+    app.add_option("--schedule", schedule, schedule_help);
+    app.add_option("--backend", backend, "threads (one process), mpi (under mpirun) or nccl (one GPU per device)")
+        ->check(CLI::IsMember({"threads", "mpi", "nccl"}));
+    app.add_option("--report", report, "'json' writes a JSON report of the run")->check(CLI::IsMember({"json"}));
+    app.add_option("--report-file", report_file, "where --report json writes");
+    app.add_option("--checkpoint", checkpoint.dir, "directory for sharded checkpoints of the training state");
+    app.add_option("--checkpoint-every", checkpoint.every, "save every N steps (0: after the last step only)")
+        ->check(cli::at_least(0));
+    app.add_flag("--resume", checkpoint.resume, "continue from the latest checkpoint in --checkpoint DIR");
+  }
+  std::string report_path() const { return report == "json" ? report_file : ""; }
+};
 
-// --precision f32|bf16|f16: f32 master weights, Adam state and loss; the model in the 16-bit type.
-inline p::MixedPrecision precision_flag(cli::Args& args) {
-  return p::MixedPrecision::parse(args.get("precision", "f32", "compute dtype: f32, bf16 or f16 (f32 master weights)"),
-                                  "--precision");
-}
+// How the training loop reports and computes: --log-every, --plot, --profile, --precision.
+struct LoopFlags {
+  long log_every = 0;
+  std::string plot_dir, profile = "auto", precision = "f32";
+
+  explicit LoopFlags(CLI::App& app) {
+    app.add_option("--log-every", log_every, "a progress line every N steps (0: every step up to 20 steps, else steps/10)")
+        ->check(cli::at_least(0));
+    app.add_option("--plot", plot_dir, "directory for loss.svg and memory.svg (predicted vs measured per device)");
+    app.add_option("--profile", profile, "the simulator's hardware: auto ($PARTIR_PROFILE, else this machine's calibration, "
+                                         "cached), calibrate (measure again), cpu, h100-nvlink, ... or a JSON file");
+    app.add_option("--precision", precision, "compute dtype: f32, bf16 or f16 (f32 master weights)")
+        ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+  }
+  long log_every_for(long steps) const { return log_every > 0 ? log_every : steps <= 20 ? 1 : std::max(1L, steps / 10); }
+  p::MixedPrecision mixed_precision() const { return p::MixedPrecision::parse(precision, "--precision"); }
+};
 
 struct LoopOptions {
   long steps = 100;
@@ -76,18 +98,63 @@ struct LoopOptions {
   // Called on device 0 after the last step of a run that started at step 1, with the trained state made
   // whole and the last loss: the example checks them against the single-device program.
   std::function<void(const p::NamedArrays& trained, double loss)> check_single_device = {};
+  std::string plot_dir = {};  // "" = no pictures
+  std::string profile = "auto";
 };
+
+// The --profile the prediction uses. auto: $PARTIR_PROFILE, else this machine's cached calibration (CPU
+// backends; a GPU backend falls back to HardwareProfile::detect()).
+template <p::Communicator C>
+p::HardwareProfile profile_for(C& comm, const std::string& choice) {
+  const bool cpu_kernels = !requires { comm.synchronize(); };  // NCCL's calls return before the GPU is done
+  const char* env = std::getenv("PARTIR_PROFILE");
+  if (choice == "auto" && ((env && *env) || !cpu_kernels)) return p::HardwareProfile::detect();
+  if (choice != "auto" && choice != "calibrate") return p::HardwareProfile::named(choice);
+  const bool refresh = choice == "calibrate";
+  if (comm.device() == 0 && (refresh || !std::filesystem::exists(p::machine_profile_path(comm))))
+    std::cout << "calibrating the simulator on this machine (a few seconds, once; cached in "
+              << p::machine_profile_path(comm).string() << ")" << std::endl;
+  return p::machine_profile(comm, refresh);
+}
 
 // Makes the global data inputs of step `s` (identical on every device: same seed, same step).
 using BatchFn = std::function<p::NamedArrays(long s)>;
 
-inline std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
+// The plan's collectives as report entries: kind, axes, dim, bytes and the reason.
+inline p::json::Value collectives_json(const p::SpmdProgram& spmd) {
+  p::json::Value out = p::json::Value::array();
+  for (const auto& c : spmd.collectives())
+    out.push_back({{"kind", p::name_of(c.collective.kind)}, {"axes", p::to_string(c.collective.axes)},
+                   {"dim", c.collective.dim}, {"bytes", c.bytes}, {"reason", c.collective.reason}});
   return out;
+}
+
+// --plot DIR: loss.svg (training loss per step, validation points) and memory.svg (per device, the predicted
+// peak stacked by kind next to the measured peak).
+inline void plot_run(const std::string& dir, const std::string& label, long first, const std::vector<double>& losses,
+                     const std::vector<long>& validated_at, const std::vector<double>& validation,
+                     const p::SpmdProgram& spmd, const p::Report& predicted, const std::vector<double>& measured) {
+  std::filesystem::create_directories(dir);
+  plot::Series train{"training loss", "#1f77b4", {}}, held_out{"validation loss", "#d62728", {}, true};
+  for (std::size_t i = 0; i < losses.size(); ++i) train.points.emplace_back(first + static_cast<long>(i), losses[i]);
+  for (std::size_t i = 0; i < validation.size(); ++i) held_out.points.emplace_back(validated_at[i], validation[i]);
+  plot::line_chart(std::filesystem::path(dir) / "loss.svg", "training loss", label, "step", "loss",
+                   held_out.points.empty() ? std::vector{train} : std::vector{train, held_out});
+  static const char* colors[] = {"#1f77b4", "#aec7e8", "#ff7f0e", "#7f7f7f", "#2ca02c", "#d62728", "#9467bd"};
+  constexpr double MiB = 1 << 20;
+  std::vector<plot::Bar> bars;
+  for (std::size_t d = 0; d < measured.size(); ++d) {
+    const int stage = spmd.stage_of(static_cast<std::int64_t>(d));
+    const p::MemoryBreakdown& peak = predicted.stages.empty() ? predicted.peak : predicted.stages[static_cast<std::size_t>(stage)].peak;
+    plot::Bar bar{"d" + std::to_string(d) + " sim", {}};
+    for (std::size_t k = 0; k < peak.bytes.size(); ++k)
+      if (peak.bytes[k] > 0)
+        bar.segments.emplace_back(std::string(p::name_of(p::MemoryKind(k))), static_cast<double>(peak.bytes[k]) / MiB, colors[k % 7]);
+    bars.push_back(std::move(bar));
+    bars.push_back({"d" + std::to_string(d) + " run", {{"measured peak", measured[d] / MiB, "#333333"}}});
+  }
+  plot::bar_chart(std::filesystem::path(dir) / "memory.svg", "peak memory per device: predicted (sim) vs measured (run)",
+                  label, "MiB", bars);
 }
 
 // What a run ends with: the last loss, and this device's pieces of the trained state (parameters and
@@ -104,10 +171,10 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
   const bool lead = comm.device() == 0;
   p::NamedArrays state = exe.init(o.seed);
   // The simulator's prediction for this plan, checked against what the run measures at the end.
-  const p::HardwareProfile profile = p::HardwareProfile::detect();
+  const p::HardwareProfile profile = profile_for(comm, o.profile);
   const p::Report predicted = p::simulate(spmd, profile);
   if (lead)
-    std::cout << "predicted (profile " << profile.name << ", PARTIR_PROFILE selects another): step "
+    std::cout << "predicted (profile " << profile.name << ", --profile picks another): step "
               << p::human_seconds(predicted.step_seconds) << ", peak "
               << p::human_bytes(static_cast<double>(predicted.peak_bytes)) << " per device"
               << (predicted.stages.empty() ? "" : ", pipeline bubble " + std::to_string(static_cast<int>(
@@ -198,30 +265,24 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
                 << std::setprecision(3) << predicted.step_seconds * 1e3 / median_ms << ", memory "
                 << static_cast<double>(predicted.peak_bytes) / measured_peak << std::endl;
     if (!o.report_file.empty()) {
-      std::ofstream f(o.report_file);
-      f << "{\n  \"run\": \"" << json_escape(o.label) << "\",\n  \"final_loss\": " << loss << ",\n  \"step_ms\": [";
-      for (std::size_t i = 0; i < step_ms.size(); ++i) f << (i ? ", " : "") << step_ms[i];
-      f << "],\n  \"first_step\": " << first << ",\n  \"train_loss\": [";
-      for (std::size_t i = 0; i < losses.size(); ++i) f << (i ? ", " : "") << losses[i];
-      f << "],\n  \"learning_rate\": [";
-      for (long s = first; s <= o.steps; ++s) f << (s > first ? ", " : "") << o.recipe.learning_rate(s);
-      f << "],\n  \"validation\": [";
+      std::vector<double> rates;
+      for (long s = first; s <= o.steps; ++s) rates.push_back(o.recipe.learning_rate(s));
+      p::json::Value validations = p::json::Value::array(), collectives = collectives_json(spmd);
       for (std::size_t i = 0; i < validation.size(); ++i)
-        f << (i ? ", " : "") << "{\"step\": " << validated_at[i] << ", \"loss\": " << validation[i] << "}";
-      f << "],\n  \"peak_bytes_per_device\": [";
-      for (std::size_t i = 0; i < peaks.size(); ++i) f << (i ? ", " : "") << static_cast<std::int64_t>(peaks[i]);
-      f << "],\n  \"predicted\": {\"profile\": \"" << json_escape(profile.name)
-        << "\", \"step_ms\": " << predicted.step_seconds * 1e3 << ", \"peak_bytes\": " << predicted.peak_bytes
-        << "},\n  \"collectives\": [";
-      const auto plan = spmd.collectives();
-      for (std::size_t i = 0; i < plan.size(); ++i) {
-        const auto& c = plan[i];
-        f << (i ? ",\n" : "\n") << "    {\"kind\": \"" << p::name_of(c.collective.kind) << "\", \"axes\": \""
-          << p::to_string(c.collective.axes) << "\", \"dim\": " << c.collective.dim << ", \"bytes\": " << c.bytes
-          << ", \"reason\": \"" << json_escape(c.collective.reason) << "\"}";
-      }
-      f << "\n  ]\n}\n";
+        validations.push_back({{"step", validated_at[i]}, {"loss", validation[i]}});
+      std::vector<std::int64_t> peak_bytes(peaks.begin(), peaks.end());
+      p::json::write_file(o.report_file,
+                          {{"run", o.label}, {"final_loss", loss}, {"step_ms", step_ms}, {"first_step", first},
+                           {"train_loss", losses}, {"learning_rate", rates}, {"validation", validations},
+                           {"peak_bytes_per_device", peak_bytes},
+                           {"predicted", {{"profile", profile.name}, {"step_ms", predicted.step_seconds * 1e3},
+                                          {"peak_bytes", predicted.peak_bytes}}},
+                           {"collectives", collectives}});
       std::cout << "report written to " << o.report_file << std::endl;
+    }
+    if (!o.plot_dir.empty()) {
+      plot_run(o.plot_dir, o.label, first, losses, validated_at, validation, spmd, predicted, peaks);
+      std::cout << "plots written to " << o.plot_dir << "/loss.svg and memory.svg" << std::endl;
     }
   }
   return {loss, std::move(state)};
@@ -257,9 +318,17 @@ inline std::string without_tactic(const std::string& schedule, const std::string
   return out.empty() ? "none" : out;
 }
 
+// This process's MPI rank when a launcher started it (mpirun sets OMPI_COMM_WORLD_RANK; srun --mpi=pmix and
+// other PMIx launchers PMIX_RANK; PMI-1/2 launchers PMI_RANK), else nullptr.
+inline const char* launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK"})
+    if (const char* rank = std::getenv(name)) return rank;
+  return nullptr;
+}
+
 // Whether this process prints what every process computes alike: not an MPI rank other than 0.
 inline bool lead_process() {
-  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const char* rank = launcher_rank();
   return !rank || std::string(rank) == "0";
 }
 
@@ -283,6 +352,12 @@ void run_on_backend(const std::string& backend, std::int64_t devices, int& argc,
   } else if (backend == "mpi") {
 #ifdef PARTIR_EXAMPLES_MPI
     p::mpi::Session session(argc, argv);
+    if (session.rank() == 0) {
+      char host[256] = "?";
+      gethostname(host, sizeof host - 1);
+      std::cout << "mpi: " << session.size() << " ranks, " << session.ranks_on_this_host() << " on this host (" << host
+                << "), " << p::kernel_threads() << " kernel threads per rank" << std::endl;
+    }
     p::mpi::abort_on_error([&] {  // one rank's error must end every rank, not leave them in a collective
       p::mpi::Communicator c;
       fn(c);
@@ -294,7 +369,7 @@ void run_on_backend(const std::string& backend, std::int64_t devices, int& argc,
   } else if (backend == "nccl") {
 #ifdef PARTIR_EXAMPLES_NCCL
 #ifdef PARTIR_EXAMPLES_MPI
-    if (std::getenv("OMPI_COMM_WORLD_SIZE")) {
+    if (launcher_rank()) {
       p::mpi::Session session(argc, argv);
       auto c = p::nccl::from_mpi();
       fn(*c);

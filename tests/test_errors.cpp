@@ -9,6 +9,8 @@
 #include "../examples/training_loop.hpp"  // the examples' backend choice
 
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <limits>
 
 using namespace partir;
@@ -593,4 +595,39 @@ TEST_CASE("catalog: pipeline parallelism") {
                        "schedule 'pp:interleaved': unknown tactic 'pp:interleaved' (expected none, bp, mp, z2, z3, emb, "
                        "mq, pp, pp:gpipe, auto:<axis>)",
                        UserError);
+}
+
+TEST_CASE("catalog: hardware profiles and command lines (nlohmann-json and CLI11 errors in partir's wording)") {
+  // E101 a malformed or mistyped hardware profile names the file, the place and the rule
+  const std::string path = "test_errors_profile.json";
+  std::ofstream(path) << "{\"name\": \"x\", \"peak_flops\": {\"f32\": 1e12}, \"memory_bandwidth\": 1e11,\n\"links\": [}";
+  CHECK_THROWS_WITH_AS(HardwareProfile::load(path),
+                       "hardware profile test_errors_profile.json: test_errors_profile.json: json: parse error at line "
+                       "2, column 11: syntax error while parsing value - unexpected '}'; expected '[', '{', or a literal",
+                       UserError);
+  std::ofstream(path) << R"({"name": "x", "peak_flops": {"f32": "fast"}, "memory_bandwidth": 1e11, "links": []})";
+  CHECK_THROWS_WITH_AS(HardwareProfile::load(path),
+                       "hardware profile test_errors_profile.json: json: type must be number, but is string", UserError);
+  std::remove(path.c_str());
+  // E102 a bad command line of an example: one line naming the flag and the rule, the nearest flag for a typo
+  auto problem = [](std::vector<const char*> args) {
+    cli::App app("test", "mlp_train");
+    long steps = 200;
+    app.add_option("--steps", steps, "training steps")->check(cli::at_least(1));
+    examples::RunFlags run(app, "batch=1", "none", "tactics", "report.json");
+    const examples::RecipeFlags recipe(app, 3e-3);
+    const examples::LoopFlags loop(app);
+    args.insert(args.begin(), "mlp_train");
+    return app.problem(static_cast<int>(args.size()), args.data());
+  };
+  CHECK(problem({"--steps=5", "--mesh", "batch=2", "--backend=mpi"}).empty());
+  CHECK(problem({"--stpes", "5"}) == "error: unknown flag --stpes; did you mean --steps? (see --help)");
+  CHECK(problem({"--steps", "0"}) == "error: --steps: expected a number >= 1, got 0 (see --help)");
+  CHECK(problem({"--lr", "fast"}) == "error: --lr: expected a number, got 'fast' (see --help)");
+  CHECK(problem({"--backend", "gpu"}) == "error: --backend: gpu not in {threads,mpi,nccl} (see --help)");
+  CHECK(problem({"--precision", "fp8"}) == "error: --precision: fp8 not in {f32,bf16,f16} (see --help)");
+  CHECK(problem({"--report", "csv"}) == "error: --report: csv not in {json} (see --help)");
+  CHECK(problem({"--mesh"}) == "error: --mesh: 1 required TEXT missing (see --help)");
+  CHECK(problem({"--microbatches", "0"}) == "error: --microbatches: expected a number >= 1, got 0 (see --help)");
+  CHECK(problem({"extra"}) == "error: The following argument was not expected: extra (see --help)");
 }

@@ -57,3 +57,4 @@
 #include "partir/sim/trace.hpp"
 #include "partir/tactics/remat_search.hpp"
 #include "partir/sim/calibrate.hpp"
+#include "partir/sim/machine_profile.hpp"

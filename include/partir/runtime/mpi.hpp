@@ -89,12 +89,11 @@ class Session {
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     // The ranks on this host share its cores (one BLAS thread each when there is a rank per core).
     MPI_Comm host;
-    int local = 1;
     if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host) == MPI_SUCCESS) {
-      MPI_Comm_size(host, &local);
+      MPI_Comm_size(host, &local_);
       MPI_Comm_free(&host);
     }
-    threads_.emplace(thread_budget() / std::max(1, local));
+    threads_.emplace(thread_budget() / std::max(1, local_));
   }
   ~Session() {
     if (owns_) MPI_Finalize();
@@ -103,10 +102,11 @@ class Session {
   Session& operator=(const Session&) = delete;
   int rank() const { return rank_; }
   int size() const { return size_; }
+  int ranks_on_this_host() const { return local_; }
 
  private:
   bool owns_ = false;
-  int rank_ = 0, size_ = 1;
+  int rank_ = 0, size_ = 1, local_ = 1;
   std::optional<KernelThreads> threads_;
 };
 

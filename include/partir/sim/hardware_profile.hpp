@@ -131,59 +131,46 @@ struct HardwareProfile {
   }
 
   json::Value to_json() const {
-    json::Value flops = json::object();
-    for (const auto& [t, f] : peak_flops) flops.set(std::string(name_of(t)), f);
-    json::Value rules = json::array();
+    json::Value flops = json::Value::object(), elementwise = json::Value::object(), per_op = json::Value::object();
+    for (const auto& [t, f] : peak_flops) flops[std::string(name_of(t))] = f;
+    for (const auto& [t, f] : elementwise_flops) elementwise[std::string(name_of(t))] = f;
+    for (const auto& [k, b] : op_bandwidth) per_op[std::string(name_of(k))] = b;
+    json::Value rules = json::Value::array();
     for (const auto& r : links) {
-      json::Value rule = json::object();
-      rule.set("axis", r.axis).set("collective", r.collective).set("group_size", r.group_size);
-      rule.set("alpha", r.link.alpha).set("beta", r.link.beta);
-      if (!r.link.measured.empty()) {
-        json::Value points = json::array();
-        for (const auto& [bytes, seconds] : r.link.measured) points.push(json::array().push(bytes).push(seconds));
-        rule.set("measured", std::move(points));
-      }
-      rules.push(std::move(rule));
+      json::Value rule = {{"axis", r.axis}, {"collective", r.collective}, {"group_size", r.group_size},
+                          {"alpha", r.link.alpha}, {"beta", r.link.beta}};
+      if (!r.link.measured.empty()) rule["measured"] = r.link.measured;  // [[bytes, seconds], ...]
+      rules.push_back(std::move(rule));
     }
-    json::Value gemm = json::array();
-    for (const auto& [dim, fraction] : gemm_curve) gemm.push(json::array().push(dim).push(fraction));
-    json::Value elementwise = json::object();
-    for (const auto& [t, f] : elementwise_flops) elementwise.set(std::string(name_of(t)), f);
-    json::Value out = json::object();
-    out.set("name", name).set("source", source).set("peak_flops", std::move(flops));
-    out.set("gemm_curve", std::move(gemm)).set("elementwise_flops", std::move(elementwise));
-    json::Value per_op = json::object();
-    for (const auto& [k, b] : op_bandwidth) per_op.set(std::string(name_of(k)), b);
-    json::Value curve = json::array();
-    for (const auto& [bytes, rate] : cache_curve) curve.push(json::array().push(bytes).push(rate));
-    out.set("memory_bandwidth", memory_bandwidth).set("op_bandwidth", std::move(per_op));
-    out.set("cache_curve", std::move(curve)).set("op_overhead", op_overhead);
-    out.set("memory_capacity", memory_capacity).set("links", std::move(rules));
-    return out;
+    return {{"name", name}, {"source", source}, {"peak_flops", flops}, {"gemm_curve", gemm_curve},
+            {"elementwise_flops", elementwise}, {"memory_bandwidth", memory_bandwidth}, {"op_bandwidth", per_op},
+            {"cache_curve", cache_curve}, {"op_overhead", op_overhead}, {"memory_capacity", memory_capacity},
+            {"links", rules}};
   }
 
   static HardwareProfile from_json(const json::Value& v) {
+    using json::get;
     HardwareProfile p;
-    p.name = v.at("name").string();
-    if (auto* s = v.find("source")) p.source = s->string();
-    for (const auto& [t, f] : v.at("peak_flops").object()) p.peak_flops[parse_dtype(t)] = f.number();
-    if (auto* g = v.find("gemm_curve")) p.gemm_curve = points(*g, "gemm_curve", "[smallest dim, fraction of peak]");
-    if (auto* e = v.find("elementwise_flops"))
-      for (const auto& [t, f] : e->object()) p.elementwise_flops[parse_dtype(t)] = f.number();
-    p.memory_bandwidth = v.at("memory_bandwidth").number();
-    if (auto* per_op = v.find("op_bandwidth"))
-      for (const auto& [k, b] : per_op->object()) p.op_bandwidth[parse_op_kind(k)] = b.number();
-    if (auto* curve = v.find("cache_curve")) p.cache_curve = points(*curve, "cache_curve", "[bytes, bytes per second]");
-    if (auto* o = v.find("op_overhead")) p.op_overhead = o->number();
-    if (auto* m = v.find("memory_capacity")) p.memory_capacity = m->integer();
-    for (const auto& r : v.at("links").array()) {
+    p.name = get<std::string>(json::at(v, "name"));
+    if (auto* s = json::find(v, "source")) p.source = get<std::string>(*s);
+    for (const auto& [t, f] : json::as_object(json::at(v, "peak_flops")).items()) p.peak_flops[parse_dtype(t)] = get<double>(f);
+    if (auto* g = json::find(v, "gemm_curve")) p.gemm_curve = points(*g, "gemm_curve", "[smallest dim, fraction of peak]");
+    if (auto* e = json::find(v, "elementwise_flops"))
+      for (const auto& [t, f] : json::as_object(*e).items()) p.elementwise_flops[parse_dtype(t)] = get<double>(f);
+    p.memory_bandwidth = get<double>(json::at(v, "memory_bandwidth"));
+    if (auto* per_op = json::find(v, "op_bandwidth"))
+      for (const auto& [k, b] : json::as_object(*per_op).items()) p.op_bandwidth[parse_op_kind(k)] = get<double>(b);
+    if (auto* curve = json::find(v, "cache_curve")) p.cache_curve = points(*curve, "cache_curve", "[bytes, bytes per second]");
+    if (auto* o = json::find(v, "op_overhead")) p.op_overhead = get<double>(*o);
+    if (auto* m = json::find(v, "memory_capacity")) p.memory_capacity = get<std::int64_t>(*m);
+    for (const auto& r : json::as_array(json::at(v, "links"))) {
       LinkRule rule;
-      if (auto* a = r.find("axis")) rule.axis = a->string();
-      if (auto* c = r.find("collective")) rule.collective = c->string();
+      if (auto* a = json::find(r, "axis")) rule.axis = get<std::string>(*a);
+      if (auto* c = json::find(r, "collective")) rule.collective = get<std::string>(*c);
       if (rule.collective != "*") parse_collective_kind(rule.collective);
-      if (auto* g = r.find("group_size")) rule.group_size = g->integer();
-      rule.link = {r.at("alpha").number(), r.at("beta").number(), {}};
-      if (auto* m = r.find("measured")) rule.link.measured = points(*m, "links: measured", "[bytes, seconds]");
+      if (auto* g = json::find(r, "group_size")) rule.group_size = get<std::int64_t>(*g);
+      rule.link = {get<double>(json::at(r, "alpha")), get<double>(json::at(r, "beta")), {}};
+      if (auto* m = json::find(r, "measured")) rule.link.measured = points(*m, "links: measured", "[bytes, seconds]");
       p.links.push_back(std::move(rule));
     }
     return p;
@@ -264,9 +251,9 @@ struct HardwareProfile {
   static std::vector<std::pair<double, double>> points(const json::Value& v, const std::string& what,
                                                        const std::string& point) {
     std::vector<std::pair<double, double>> out;
-    for (const auto& p : v.array()) {
-      if (p.array().size() != 2) user_error(what + ": each point is " + point);
-      out.emplace_back(p.array()[0].number(), p.array()[1].number());
+    for (const auto& p : json::as_array(v)) {
+      if (json::as_array(p).size() != 2) user_error(what + ": each point is " + point);
+      out.emplace_back(json::get<double>(p[0]), json::get<double>(p[1]));
       if (out.size() > 1 && out.back().first <= out[out.size() - 2].first) user_error(what + ": points must increase");
     }
     return out;

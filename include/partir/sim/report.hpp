@@ -96,43 +96,36 @@ struct Report {
   }
 
   json::Value to_json() const {
-    json::Value memory = json::object();
-    memory.set("peak_bytes", peak_bytes).set("peak_at", peak_at);
-    json::Value breakdown = json::object();
-    for (std::size_t k = 0; k < peak.bytes.size(); ++k) breakdown.set(std::string(name_of(MemoryKind(k))), peak.bytes[k]);
-    json::Value resident = json::object();
+    json::Value breakdown = json::Value::object(), resident = json::Value::object();
+    for (std::size_t k = 0; k < peak.bytes.size(); ++k) breakdown[std::string(name_of(MemoryKind(k)))] = peak.bytes[k];
     for (std::size_t k = 0; k < inputs.bytes.size(); ++k)
-      if (inputs.bytes[k]) resident.set(std::string(name_of(MemoryKind(k))), inputs.bytes[k]);
-    memory.set("breakdown", std::move(breakdown)).set("inputs", std::move(resident)).set("capacity", memory_capacity);
-    json::Value ops = json::array();
+      if (inputs.bytes[k]) resident[std::string(name_of(MemoryKind(k)))] = inputs.bytes[k];
+    json::Value ops = json::Value::array();
     for (const auto& t : timeline) {
-      json::Value o = json::object();
-      o.set("value", t.value).set("what", t.what).set("label", t.label).set("communication", t.communication);
-      o.set("start_s", t.start).set("seconds", t.seconds).set("bound", t.bound);
+      json::Value o = {{"value", t.value}, {"what", t.what}, {"label", t.label}, {"communication", t.communication},
+                       {"start_s", t.start}, {"seconds", t.seconds}, {"bound", t.bound}};
       if (t.communication) {
-        o.set("bytes", t.bytes).set("wire_bytes", t.wire_bytes).set("group_size", t.group_size).set("reason", t.reason);
+        o.update({{"bytes", t.bytes}, {"wire_bytes", t.wire_bytes}, {"group_size", t.group_size}, {"reason", t.reason}});
       } else {
-        o.set("flops", t.flops).set("bytes", t.bytes);
+        o.update({{"flops", t.flops}, {"bytes", t.bytes}});
       }
-      ops.push(std::move(o));
+      ops.push_back(std::move(o));
     }
-    json::Value out = json::object();
-    out.set("program", program).set("profile", profile).set("mesh", mesh.to_string());
-    out.set("time_model", "compute and communication serialized (no overlap)");
-    out.set("step_seconds", step_seconds).set("compute_seconds", compute_seconds);
-    out.set("communication_seconds", communication_seconds).set("flops", flops).set("wire_bytes", wire_bytes);
-    out.set("collectives", static_cast<std::int64_t>(collectives().size()));
-    out.set("memory", std::move(memory)).set("timeline", std::move(ops));
+    json::Value out = {
+        {"program", program}, {"profile", profile}, {"mesh", mesh.to_string()},
+        {"time_model", "compute and communication serialized (no overlap)"},
+        {"step_seconds", step_seconds}, {"compute_seconds", compute_seconds},
+        {"communication_seconds", communication_seconds}, {"flops", flops}, {"wire_bytes", wire_bytes},
+        {"collectives", collectives().size()},
+        {"memory", {{"peak_bytes", peak_bytes}, {"peak_at", peak_at}, {"breakdown", breakdown}, {"inputs", resident},
+                    {"capacity", memory_capacity}}},
+        {"timeline", ops}};
     if (!stages.empty()) {
-      json::Value list = json::array();
+      json::Value list = json::Value::array();
       for (const auto& st : stages)
-        list.push(json::object()
-                      .set("busy_seconds", st.busy_seconds)
-                      .set("wait_seconds", st.wait_seconds)
-                      .set("finish_seconds", st.finish_seconds)
-                      .set("p2p_bytes", st.p2p_bytes)
-                      .set("peak_bytes", st.peak_bytes));
-      out.set("pipeline", json::object().set("bubble_fraction", bubble_fraction).set("stages", std::move(list)));
+        list.push_back({{"busy_seconds", st.busy_seconds}, {"wait_seconds", st.wait_seconds},
+                        {"finish_seconds", st.finish_seconds}, {"p2p_bytes", st.p2p_bytes}, {"peak_bytes", st.peak_bytes}});
+      out["pipeline"] = {{"bubble_fraction", bubble_fraction}, {"stages", list}};
     }
     return out;
   }

@@ -14,32 +14,26 @@ struct TraceEvent {
   std::string category;  // "compute" | "communication": also picks the track
   std::int64_t device = 0;
   double start = 0, seconds = 0;
-  json::Value args = json::object();
+  json::Value args = json::Value::object();
 };
 
 inline json::Value chrome_trace(const std::vector<TraceEvent>& events, std::string_view title) {
-  json::Value list = json::array();
+  json::Value list = json::Value::array();
   std::vector<std::int64_t> devices;
   for (const auto& e : events)
     if (std::find(devices.begin(), devices.end(), e.device) == devices.end()) devices.push_back(e.device);
   for (auto d : devices) {
-    list.push(json::object().set("ph", "M").set("name", "process_name").set("pid", d).set(
-        "args", json::object().set("name", std::string(title) + " device " + std::to_string(d))));
+    list.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", d},
+                    {"args", {{"name", std::string(title) + " device " + std::to_string(d)}}}});
     for (int track = 0; track < 2; ++track)
-      list.push(json::object().set("ph", "M").set("name", "thread_name").set("pid", d).set("tid", track).set(
-          "args", json::object().set("name", track ? "communication" : "compute")));
+      list.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", d}, {"tid", track},
+                      {"args", {{"name", track ? "communication" : "compute"}}}});
   }
   for (const auto& e : events)
-    list.push(json::object()
-                  .set("name", e.name)
-                  .set("cat", e.category)
-                  .set("ph", "X")
-                  .set("pid", e.device)
-                  .set("tid", e.category == "communication" ? 1 : 0)
-                  .set("ts", e.start * 1e6)
-                  .set("dur", e.seconds * 1e6)
-                  .set("args", e.args));
-  return json::object().set("displayTimeUnit", "ms").set("traceEvents", std::move(list));
+    list.push_back({{"name", e.name}, {"cat", e.category}, {"ph", "X"}, {"pid", e.device},
+                    {"tid", e.category == "communication" ? 1 : 0}, {"ts", e.start * 1e6}, {"dur", e.seconds * 1e6},
+                    {"args", e.args}});
+  return {{"displayTimeUnit", "ms"}, {"traceEvents", list}};
 }
 
 // The simulated step on `devices` devices (every device runs the same timeline; more than a few tracks
@@ -50,10 +44,9 @@ inline std::vector<TraceEvent> trace_events(const Report& r, std::int64_t device
   const bool pipelined = !r.stages.empty();
   for (std::int64_t d = 0; d < (pipelined ? 1 : devices); ++d)
     for (const auto& t : r.timeline) {
-      json::Value args = json::object().set("value", "%" + std::to_string(t.value)).set("bound", t.bound);
-      args.set("bytes", t.bytes);
-      if (t.communication) args.set("group_size", t.group_size).set("reason", t.reason);
-      else args.set("flops", t.flops);
+      json::Value args = {{"value", "%" + std::to_string(t.value)}, {"bound", t.bound}, {"bytes", t.bytes}};
+      if (t.communication) args.update({{"group_size", t.group_size}, {"reason", t.reason}});
+      else args["flops"] = t.flops;
       out.push_back({t.what + " " + t.label, t.communication ? "communication" : "compute", pipelined ? t.stage : d,
                      t.start, t.seconds, std::move(args)});
     }
@@ -68,7 +61,7 @@ inline std::vector<TraceEvent> trace_events(const SpmdProgram& p, const std::vec
     const SpmdOp& s = p.op(t.value);
     const bool communication = s.collective && s.collective->kind != CollectiveKind::all_slice;
     out.push_back({timeline_what(s) + " " + timeline_label(s, t.value), communication ? "communication" : "compute",
-                   device, t.start, t.seconds, json::object().set("value", "%" + std::to_string(t.value))});
+                   device, t.start, t.seconds, {{"value", "%" + std::to_string(t.value)}}});
   }
   return out;
 }
