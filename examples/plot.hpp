@@ -84,7 +84,7 @@ inline std::string legend_entry(int i, const std::string& name, const std::strin
 inline void write(const std::filesystem::path& path, const std::string& svg) {
   std::ofstream f(path);
   f << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n" << svg << "</svg>\n";
-  if (!f) throw std::runtime_error("--plot: cannot write " + path.string());
+  if (!f) throw std::runtime_error("cannot write " + path.string());
 }
 
 }  // namespace detail

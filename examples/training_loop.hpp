@@ -133,7 +133,7 @@ inline p::json::Value collectives_json(const p::SpmdProgram& spmd) {
 // peak stacked by kind next to the measured peak).
 inline void plot_run(const std::string& dir, const std::string& label, long first, const std::vector<double>& losses,
                      const std::vector<long>& validated_at, const std::vector<double>& validation,
-                     const p::SpmdProgram& spmd, const p::Report& predicted, const std::vector<double>& measured) {
+                     const p::SpmdProgram& spmd, const p::Report& predicted, const std::vector<double>& measured) try {
   std::filesystem::create_directories(dir);
   plot::Series train{"training loss", "#1f77b4", {}}, held_out{"validation loss", "#d62728", {}, true};
   for (std::size_t i = 0; i < losses.size(); ++i) train.points.emplace_back(first + static_cast<long>(i), losses[i]);
@@ -155,6 +155,8 @@ inline void plot_run(const std::string& dir, const std::string& label, long firs
   }
   plot::bar_chart(std::filesystem::path(dir) / "memory.svg", "peak memory per device: predicted (sim) vs measured (run)",
                   label, "MiB", bars);
+} catch (const std::exception& e) {  // an unwritable directory: the same one line as any bad input
+  p::user_error(std::string("--plot ") + dir + ": " + e.what());
 }
 
 // What a run ends with: the last loss, and this device's pieces of the trained state (parameters and
