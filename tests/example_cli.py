@@ -57,6 +57,14 @@ if "calibrating" in second or "profile calibrated" not in second:
     sys.exit("FAIL: the second run should read the cached profile:\n" + second)
 expect(run(mlp, "--steps", "2", "--mesh", "batch=1", "--schedule", "none", "--no-check", "--profile", "cpu"),
        r"^predicted \(profile cpu,", "--profile cpu")
+short = ("--steps", "2", "--mesh", "batch=2", "--schedule", "bp", "--hidden", "64", "--no-check")
+expect(run(mlp, *short, "--profile", "calibrate"), r"^calibrating the simulator", "--profile calibrate measures again")
+cache_file = os.path.join(env["PARTIR_CACHE_DIR"], cached[0])
+with open(cache_file, "w") as f:
+    f.write('{"name": "damaged"')
+run(mlp, *short)  # a damaged cache file is measured again and rewritten
+if json.load(open(cache_file))["name"] != "calibrated" or len(os.listdir(env["PARTIR_CACHE_DIR"])) != 1:
+    sys.exit("FAIL: the damaged cache file was not replaced: " + str(os.listdir(env["PARTIR_CACHE_DIR"])))
 
 r = json.load(open(report))
 for key, n in (("step_ms", 6), ("train_loss", 6), ("learning_rate", 6), ("peak_bytes_per_device", 2)):

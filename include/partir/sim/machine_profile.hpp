@@ -1,8 +1,8 @@
 #pragma once
 // machine_profile(comm): this machine's own hardware profile, calibrated once and cached, so that a first
 // prediction is worth reading without a calibration step. The cache key is what the figures depend on: the
-// host and its CPU, the GEMM engine, the communicator type, the device count and the kernel threads per
-// device (devices sharing cores measure their share). Files live in $PARTIR_CACHE_DIR, else
+// host and its CPU, the GEMM engine and the compiler that built the kernels, the communicator type, the device
+// count and the kernel threads per device (devices sharing cores measure their share). Files live in $PARTIR_CACHE_DIR, else
 // $XDG_CACHE_HOME/partir, else ~/.cache/partir; `refresh` (or deleting the file) measures again.
 #include <unistd.h>
 
@@ -37,14 +37,29 @@ inline std::string cpu_model() {
   return "unknown cpu";
 }
 
+// The build's compiler and whether it optimized: the kernels' speed depends on both.
+inline std::string compiler() {
+#ifdef __VERSION__
+  std::string c = __VERSION__;
+#else
+  std::string c = "a C++ compiler";
+#endif
+#ifdef __OPTIMIZE__
+  return c + " (optimized)";
+#else
+  return c + " (unoptimized)";
+#endif
+}
+
 // What the figures depend on, as text (recorded in the profile) and as the cache file's path.
 template <Communicator C>
 std::pair<std::string, std::filesystem::path> machine_key(const C& comm) {
   char host[256] = "unknown";
   gethostname(host, sizeof host - 1);
   const std::string key = std::string(host) + ", " + cpu_model() + ", " + std::string(name_of(gemm_engine())) +
-                          " GEMMs, " + typeid(C).name() + " with " + std::to_string(comm.num_devices()) +
-                          " devices, " + std::to_string(kernel_threads()) + " kernel threads each";
+                          " GEMMs built by " + compiler() + ", " + typeid(C).name() + " with " +
+                          std::to_string(comm.num_devices()) + " devices, " + std::to_string(kernel_threads()) +
+                          " kernel threads each";
   char name[64];
   std::snprintf(name, sizeof name, "profile-%016zx.json", std::hash<std::string>{}(key));
   return {key, profile_cache_dir() / name};
