@@ -3,7 +3,7 @@
 # usage: tools/setup.sh [extra meson options...]
 set -eu
 cd "$(dirname "$0")/.."
-packages="g++ meson ninja-build pkg-config cmake libeigen3-dev nlohmann-json3-dev libcli11-dev libopenmpi-dev openmpi-bin doctest-dev libopenblas-dev libdnnl-dev python3 librsvg2-bin"
+packages="g++ meson ninja-build pkg-config cmake libeigen3-dev nlohmann-json3-dev libcli11-dev libopenmpi-dev openmpi-bin doctest-dev libopenblas-dev libdnnl-dev python3 librsvg2-bin iproute2"
 missing=""
 for p in $packages; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
