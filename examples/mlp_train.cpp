@@ -54,12 +54,14 @@ int main(int argc, char** argv) {
       std::normal_distribution<float> gauss(0.f, 1.f);
       std::vector<float> x(static_cast<std::size_t>(batch * features)), y(x.size());
       for (auto& v : x) v = gauss(rng);
-      for (long b = 0; b < batch; ++b)
-        for (long j = 0; j < features; ++j) {
-          float dot = 0;
-          for (long k = 0; k < features; ++k) dot += x[b * features + k] * teacher[k * features + j];
-          y[b * features + j] = std::sin(2.f * dot);
-        }
+      // k outer: each dot still sums k = 0, 1, ... in order, and the inner loop runs along a teacher row.
+      std::vector<float> dot(static_cast<std::size_t>(features));
+      for (long b = 0; b < batch; ++b) {
+        std::fill(dot.begin(), dot.end(), 0.f);
+        for (long k = 0; k < features; ++k)
+          for (long j = 0; j < features; ++j) dot[j] += x[b * features + k] * teacher[k * features + j];
+        for (long j = 0; j < features; ++j) y[b * features + j] = std::sin(2.f * dot[j]);
+      }
       return p::NamedArrays{{"x", p::Array({batch, features}, std::move(x))},
                             {"y", p::Array({batch, features}, std::move(y))}};
     };

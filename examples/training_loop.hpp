@@ -103,12 +103,13 @@ struct LoopOptions {
 };
 
 // The --profile the prediction uses. auto: $PARTIR_PROFILE, else this machine's cached calibration (CPU
-// backends; a GPU backend falls back to HardwareProfile::detect()).
+// backends; a GPU backend takes its GPU's datasheet profile).
 template <p::Communicator C>
 p::HardwareProfile profile_for(C& comm, const std::string& choice) {
-  const bool cpu_kernels = !requires { comm.synchronize(); };  // NCCL's calls return before the GPU is done
   const char* env = std::getenv("PARTIR_PROFILE");
-  if (choice == "auto" && ((env && *env) || !cpu_kernels)) return p::HardwareProfile::detect();
+  if (choice == "auto" && env && *env) return p::HardwareProfile::detect();
+  if constexpr (requires { comm.gpu(); })
+    if (choice == "auto") return p::gpu::datasheet_profile(comm.gpu());
   if (choice != "auto" && choice != "calibrate") return p::HardwareProfile::named(choice);
   const bool refresh = choice == "calibrate";
   if (comm.device() == 0 && (refresh || !std::filesystem::exists(p::machine_profile_path(comm))))
@@ -182,7 +183,7 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
               << (predicted.stages.empty() ? "" : ", pipeline bubble " + std::to_string(static_cast<int>(
                                                       100 * predicted.bubble_fraction + 0.5)) + "%")
               << std::endl;
-  std::vector<double> step_ms;
+  std::vector<double> step_ms, gpu_ms;  // gpu_ms: the GPU executor's ops alone, without host<->GPU copies
   std::int64_t peak = 0;
   double loss = 0;
   long first = 1;
@@ -212,6 +213,7 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
     const p::DeviceResult r = exe.step(state, batch);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     step_ms.push_back(ms);
+    if (r.gpu_seconds > 0) gpu_ms.push_back(r.gpu_seconds * 1e3);
     peak = std::max(peak, r.peak_bytes);
     loss = r.outputs.at("loss").at(0);
     losses.push_back(loss);
@@ -266,6 +268,11 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
                 << "), peak " << p::human_bytes(measured_peak) << " (largest device); predicted/measured: time "
                 << std::setprecision(3) << predicted.step_seconds * 1e3 / median_ms << ", memory "
                 << static_cast<double>(predicted.peak_bytes) / measured_peak << std::endl;
+    if (!gpu_ms.empty()) {
+      std::sort(gpu_ms.begin(), gpu_ms.end());
+      std::cout << "gpu: ops " << p::human_seconds(gpu_ms[gpu_ms.size() / 2] / 1e3)
+                << " (median); the rest of each step copies its inputs and outputs between host and GPU" << std::endl;
+    }
     if (!o.report_file.empty()) {
       std::vector<double> rates;
       for (long s = first; s <= o.steps; ++s) rates.push_back(o.recipe.learning_rate(s));

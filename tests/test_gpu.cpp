@@ -142,6 +142,13 @@ std::vector<DotCase> dot_cases() {
 // ---------------------------------------------------------------- host suite: runs without a GPU
 
 TEST_SUITE("host") {
+  TEST_CASE("datasheet profile by device name: H200, H100 and A100 by model, any other GPU as detect()") {
+    CHECK(gpu::datasheet_profile(std::string("NVIDIA H200")).name == "h200-nvlink");
+    CHECK(gpu::datasheet_profile(std::string("NVIDIA H100 80GB HBM3")).name == "h100-nvlink");
+    CHECK(gpu::datasheet_profile(std::string("NVIDIA A100-SXM4-80GB")).name == "a100-nvlink");
+    CHECK(gpu::datasheet_profile(std::string("Tesla T4")) == HardwareProfile::detect());
+  }
+
   TEST_CASE("size classes: exact below 1 MiB in 512-byte steps, at most 12.5% over above") {
     CHECK(gpu::size_class(1) == 512);
     CHECK(gpu::size_class(513) == 1024);
@@ -712,7 +719,9 @@ TEST_SUITE("device") {
       std::erase_if(batch, [](const auto& kv) { return kv.first != "x" && kv.first != "y"; });
       for (const auto& [name, a] : batch) in[name] = a;
       NamedArrays expect = interpret(step, in);
-      CHECK(error(exe.step(state, batch).outputs.at("loss"), expect.at("loss")) <= 1e-4);
+      const DeviceResult r = exe.step(state, batch);
+      CHECK(error(r.outputs.at("loss"), expect.at("loss")) <= 1e-4);
+      CHECK(r.gpu_seconds > 0);  // the ops' own time, measured with CUDA events
       carry_state(step, want, std::move(expect));
     }
     for (const auto& [name, a] : exe.gather_state(state)) {

@@ -210,14 +210,14 @@ void vjp(Program& p, ValueId v, const Op& op, const Tensor& g, const std::vector
       return;
     }
     case OpKind::slice: {
-      const Shape& s = operand(0).shape();
+      const Shape s = operand(0).shape();  // a copy: the op added below may move the program's types
       std::vector<std::int64_t> high(s.size());
       for (std::size_t i = 0; i < s.size(); ++i) high[i] = s[i] - a.hi[i];
       accumulate(0, pad(g, a.lo, std::move(high)));
       return;
     }
     case OpKind::pad: {
-      const Shape& s = operand(0).shape();
+      const Shape s = operand(0).shape();  // a copy: the op added below may move the program's types
       std::vector<std::int64_t> limit(s.size());
       for (std::size_t i = 0; i < s.size(); ++i) limit[i] = a.lo[i] + s[i];
       accumulate(0, slice(g, a.lo, std::move(limit)));

@@ -32,6 +32,7 @@ struct DeviceResult {
   std::int64_t peak_bytes = 0;              // counted as by interpret(): inputs resident throughout
   std::vector<double> collective_seconds;   // one per entry of SpmdProgram::collectives()
   std::vector<OpTiming> timeline;           // with ExecuteOptions::timeline: every op that ran, in order
+  double gpu_seconds = 0;                   // GPU executor: its ops on the stream, host<->GPU copies excluded
 };
 
 namespace detail {

@@ -163,7 +163,8 @@ struct HardwareProfile {
     if (auto* curve = json::find(v, "cache_curve")) p.cache_curve = points(*curve, "cache_curve", "[bytes, bytes per second]");
     if (auto* o = json::find(v, "op_overhead")) p.op_overhead = get<double>(*o);
     if (auto* m = json::find(v, "memory_capacity")) p.memory_capacity = get<std::int64_t>(*m);
-    for (const auto& r : json::as_array(json::at(v, "links"))) {
+    const json::Value links = json::at(v, "links");  // a copy: GCC 13 cannot tell the reference outlives "links"
+    for (const auto& r : json::as_array(links)) {
       LinkRule rule;
       if (auto* a = json::find(r, "axis")) rule.axis = get<std::string>(*a);
       if (auto* c = json::find(r, "collective")) rule.collective = get<std::string>(*c);

@@ -310,6 +310,11 @@ inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, cons
   }
   std::int64_t peak = resident;
   const auto frees = p.last_uses();
+  // Around the ops (inputs uploaded, outputs not yet downloaded): what the GPU computes, apart from the copies.
+  cudaEvent_t ops_start = nullptr, ops_stop = nullptr;
+  check_cuda(cudaEventCreate(&ops_start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&ops_stop), "cudaEventCreate");
+  check_cuda(cudaEventRecord(ops_start, stream), "cudaEventRecord");
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> timed;  // around each collective, read after the run
   std::vector<const Buffer*> operands;
   for (ValueId v = 0; v < p.size(); ++v) {
@@ -341,6 +346,8 @@ inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, cons
         // pool can hand them to work on another stream (a later run on another communicator).
         cudaStreamSynchronize(stream);
         cudaGetLastError();
+        cudaEventDestroy(ops_start);
+        cudaEventDestroy(ops_stop);
         user_error(where + ": %" + std::to_string(v) + ": " + e.what());
       }
       resident += slot.type.bytes();
@@ -355,6 +362,7 @@ inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, cons
     }
   }
   result.peak_bytes = peak;
+  check_cuda(cudaEventRecord(ops_stop, stream), "cudaEventRecord");
 
   std::vector<Buffer> extra;  // buffers made for gathered outputs
   std::vector<std::pair<std::string, Array>> downloads;
@@ -379,6 +387,11 @@ inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, cons
   comm.synchronize();
   int bad = 0;
   check_cuda(cudaMemcpy(&bad, ctx.bad_index, sizeof(int), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  float ops_ms = 0;
+  check_cuda(cudaEventElapsedTime(&ops_ms, ops_start, ops_stop), "cudaEventElapsedTime");
+  result.gpu_seconds = ops_ms / 1e3;
+  cudaEventDestroy(ops_start);
+  cudaEventDestroy(ops_stop);
   for (auto& [start, stop] : timed) {
     float ms = 0;
     check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
