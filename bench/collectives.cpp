@@ -2,7 +2,7 @@
 //   collectives -b 8 -e 64M -f 2 -n 20 -w 5 -r 3 -o all_reduce|all_gather|reduce_scatter|all_to_all|sendrecv|all
 //               --backend threads|mpi|nccl  --devices 4 (threads)  --mesh batch=2,model=2 --axis model
 //               --json out.json  --raw (mpi: also time MPI called directly; prints the ratio)
-//               --rs-alternatives (mpi: reduce_scatter built four ways)  --calibrate profile.json
+//               --algorithms (mpi: all_reduce two ways, reduce_scatter four)  --calibrate profile.json
 // size is the full buffer S in bytes (count = S / 4 floats): the all_reduce buffer, the all_gather result,
 // the reduce_scatter operand, the all_to_all operand. algbw = S / time; busbw = algbw x 2(n-1)/n for
 // all_reduce, (n-1)/n for the others; sendrecv (pipeline stages' point to point, as OSU's bidirectional test): each
@@ -48,7 +48,7 @@ struct Options {
   std::string backend = "threads";
   int devices = 0;  // threads: 2; nccl: every GPU present
   std::string mesh, axis, json_path, calibrate_path;
-  bool raw = false, rs_alternatives = false;
+  bool raw = false, algorithms = false;
 };
 
 [[noreturn]] void fail(const std::string& why) {
@@ -85,7 +85,8 @@ Options parse(int argc, char** argv) {
   app.add_option("--axis", o.axis, "the group's axes, e.g. a or a,b (default: all)");
   app.add_option("--json", o.json_path, "also write the rows as JSON");
   app.add_flag("--raw", o.raw, "mpi: also time MPI called directly and print partir/raw");
-  app.add_flag("--rs-alternatives", o.rs_alternatives, "mpi: reduce_scatter built four ways");
+  app.add_flag("--algorithms,--rs-alternatives", o.algorithms,
+               "mpi: each algorithm the backend chooses between, side by side (all_reduce two ways, reduce_scatter four)");
   app.add_option("--calibrate", o.calibrate_path, "measure this machine and write a hardware profile (JSON) instead");
   app.parse(argc, argv);
   o.min_bytes = parse_bytes("-b", min);
@@ -96,7 +97,7 @@ Options parse(int argc, char** argv) {
           : op == "sendrecv" ? std::vector{CollectiveKind::send}
                              : std::vector{p::parse_collective_kind(op)};
   if (o.min_bytes < 1 || o.max_bytes < o.min_bytes || o.factor < 2) fail("need 1 <= -b <= -e and -f >= 2");
-  if ((o.raw || o.rs_alternatives) && o.backend != "mpi") fail("--raw and --rs-alternatives compare against MPI: use --backend mpi");
+  if ((o.raw || o.algorithms) && o.backend != "mpi") fail("--raw and --algorithms compare against MPI: use --backend mpi");
   return o;
 }
 
@@ -270,6 +271,9 @@ void print(const std::vector<Row>& rows, const Options& o, const std::string& se
         any = true;
       }
     if (any) std::printf("# partir/raw busbw, sizes >= 1 MiB: worst %.3f (target >= 0.95)\n", worst);
+    for (const auto& r : rows)
+      if (r.op == "all_reduce" && r.bytes == (64 << 20) && r.raw_busbw)
+        std::printf("all_reduce 64 MiB partir/raw: %.2f\n", r.busbw / *r.raw_busbw);
   }
 }
 
@@ -355,6 +359,18 @@ class RawMpi {
     };
   }
 
+  // all_reduce two ways: the figures behind mpi::Communicator::use_ring_all_reduce.
+  std::vector<std::pair<std::string, Call>> all_reduce_variants(p::mpi::Communicator& partir) {
+    return {
+        {"MPI_Allreduce", Call([this](const p::Group& g, CollectiveKind, float* in, float*, std::int64_t count) {
+           MPI_Allreduce(MPI_IN_PLACE, in, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm(g));
+         })},
+        {"partir ring (MPI_Sendrecv)", Call([&partir](const p::Group& g, CollectiveKind, float* in, float*, std::int64_t count) {
+           partir.ring_all_reduce(g, in, count, p::DType::f32);
+         })},
+    };
+  }
+
   // reduce_scatter four ways: the figures behind mpi::Communicator::use_ring_reduce_scatter.
   std::vector<std::pair<std::string, Call>> reduce_scatter_variants(p::mpi::Communicator& partir) {
     auto wrap = [this](auto body) {
@@ -389,8 +405,9 @@ class RawMpi {
   std::vector<float> scratch_;
 };
 
-// busbw of each reduce_scatter variant per size: the figures behind the mpi backend's choice.
-void compare_reduce_scatter(p::mpi::Communicator& comm, const Options& o, RawMpi& raw) {
+// busbw of each implementation of `kind` per size: the figures behind the mpi backend's choice.
+void compare_algorithms(p::mpi::Communicator& comm, const Options& o, CollectiveKind kind,
+                        const std::vector<std::pair<std::string, Call>>& variants) {
   const p::Mesh mesh = o.mesh.empty() ? p::Mesh{{"d", comm.num_devices()}} : p::Mesh::parse(o.mesh);
   p::AxisList axes = o.axis.empty() ? p::AxisList{} : split_axes(o.axis);
   if (axes.empty())
@@ -398,27 +415,26 @@ void compare_reduce_scatter(p::mpi::Communicator& comm, const Options& o, RawMpi
   const int me = comm.device();
   p::Group g;
   for (auto d : mesh.group(me, axes)) g.devices.push_back(static_cast<int>(d));
-  auto variants = raw.reduce_scatter_variants(comm);
   if (me == 0) {
-    std::printf("# reduce_scatter busbw (GB/s) by implementation, groups of %d, #wrong in brackets\n# %12s", g.size(), "size(B)");
+    std::printf("# %s busbw (GB/s) by implementation, groups of %d, #wrong in brackets\n# %12s", std::string(p::name_of(kind)).c_str(),
+                g.size(), "size(B)");
     for (const auto& [name, call] : variants) std::printf(" %26s", name.c_str());
     std::printf("\n");
   }
   for (std::int64_t size = o.min_bytes; size <= o.max_bytes; size *= o.factor) {
-    const Buffers b = buffers(CollectiveKind::reduce_scatter, size, g.size());
+    const Buffers b = buffers(kind, size, g.size());
     std::vector<float> in(static_cast<std::size_t>(b.in)), out(static_cast<std::size_t>(b.out));
     std::vector<double> best(variants.size(), 1e30);
     for (int round = 0; round < o.rounds; ++round)
       for (std::size_t v = 0; v < variants.size(); ++v)
         best[v] = std::min(best[v], p::calibration::seconds_per_call(comm, o.warmup, o.iterations, [&] {
-          variants[v].second(g, CollectiveKind::reduce_scatter, in.data(), out.data(), b.count);
+          variants[v].second(g, kind, in.data(), out.data(), b.count);
         }));
     if (me == 0) std::printf("  %12lld", static_cast<long long>(b.in * 4));
     for (std::size_t v = 0; v < variants.size(); ++v) {
       const auto wrong = p::calibration::max_over_devices(
-          comm, static_cast<double>(wrong_elements(variants[v].second, g, me, CollectiveKind::reduce_scatter, b, in, out)));
-      const double busbw =
-          static_cast<double>(b.in * 4) / best[v] / 1e9 * p::bus_factor(CollectiveKind::reduce_scatter, g.size());
+          comm, static_cast<double>(wrong_elements(variants[v].second, g, me, kind, b, in, out)));
+      const double busbw = static_cast<double>(b.in * 4) / best[v] / 1e9 * p::bus_factor(kind, g.size());
       if (me == 0) std::printf(" %22.3f [%.0f]", busbw, wrong);
     }
     if (me == 0) std::printf("\n");
@@ -473,8 +489,9 @@ int main(int argc, char** argv) {
       p::mpi::Session session(argc, argv);
       p::mpi::Communicator comm;
       RawMpi raw;
-      if (o.rs_alternatives) {
-        compare_reduce_scatter(comm, o, raw);
+      if (o.algorithms) {
+        compare_algorithms(comm, o, CollectiveKind::all_reduce, raw.all_reduce_variants(comm));
+        compare_algorithms(comm, o, CollectiveKind::reduce_scatter, raw.reduce_scatter_variants(comm));
       } else {
         const Call raw_call = raw.call();
         run(comm, o, o.raw ? &raw_call : nullptr);

@@ -108,8 +108,10 @@ template <p::Communicator C>
 p::HardwareProfile profile_for(C& comm, const std::string& choice) {
   const char* env = std::getenv("PARTIR_PROFILE");
   if (choice == "auto" && env && *env) return p::HardwareProfile::detect();
+#ifdef PARTIR_EXAMPLES_NCCL
   if constexpr (requires { comm.gpu(); })
     if (choice == "auto") return p::gpu::datasheet_profile(comm.gpu());
+#endif
   if (choice != "auto" && choice != "calibrate") return p::HardwareProfile::named(choice);
   const bool refresh = choice == "calibrate";
   if (comm.device() == 0 && (refresh || !std::filesystem::exists(p::machine_profile_path(comm))))

@@ -10,11 +10,13 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstdio>
 #include <exception>
 #include <list>
 #include <map>
 #include <optional>
+#include <string_view>
 #include <vector>
 
 #include "partir/runtime/communicator.hpp"
@@ -146,6 +148,15 @@ class Communicator {
   int num_devices() const { return devices_; }
 
   void all_reduce(const Group& g, void* data, std::int64_t n, DType t) {
+    if (use_ring_all_reduce(g.size(), n * size_of(t))) {
+      switch (t) {
+        case DType::f32: return ring_all_reduce(g, static_cast<float*>(data), n, t);
+        case DType::f64: return ring_all_reduce(g, static_cast<double*>(data), n, t);
+        case DType::i32: return ring_all_reduce(g, static_cast<std::int32_t*>(data), n, t);
+        case DType::bf16: return ring_all_reduce(g, static_cast<bf16*>(data), n, t);
+        case DType::f16: return ring_all_reduce(g, static_cast<f16*>(data), n, t);
+      }
+    }
     check(MPI_Allreduce(MPI_IN_PLACE, data, count(n), datatype(t), sum_op(t), comm(g)), "MPI_Allreduce");
   }
   void all_gather(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
@@ -183,9 +194,71 @@ class Communicator {
     check(MPI_Recv(data, count(n), datatype(t), peer, wire_tag(tag), MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
   }
 
+  // How all_reduce runs: `automatic` picks by size (use_ring_all_reduce); `ring` and `library` force one, for
+  // tests and benchmarks. $PARTIR_MPI_ALL_REDUCE=auto|ring|mpi sets it for a process.
+  enum class AllReduceAlgorithm { automatic, ring, library };
+  static AllReduceAlgorithm parse_all_reduce_algorithm(std::string_view name) {
+    if (name == "auto") return AllReduceAlgorithm::automatic;
+    if (name == "ring") return AllReduceAlgorithm::ring;
+    if (name == "mpi") return AllReduceAlgorithm::library;
+    user_error("PARTIR_MPI_ALL_REDUCE: unknown all_reduce algorithm '" + std::string(name) +
+               "' (auto: by size; ring: partir's reduce_scatter + all_gather ring; mpi: MPI_Allreduce)");
+  }
+  void set_all_reduce_algorithm(AllReduceAlgorithm a) { all_reduce_algorithm_ = a; }
+
+  // Open MPI's MPI_Allreduce collapses on large buffers here (64 MiB on 2 ranks: 208 ms, 0.3 GB/s busbw, while
+  // a ring of the same bytes takes ~20 ms); below ~256 KiB its few latency-bound steps win
+  // (`bench/collectives --backend mpi --algorithms` prints both per size).
+  bool use_ring_all_reduce(int group_size, std::int64_t bytes) const {
+    if (group_size == 1) return false;
+    switch (all_reduce_algorithm_) {
+      case AllReduceAlgorithm::ring: return true;
+      case AllReduceAlgorithm::library: return false;
+      case AllReduceAlgorithm::automatic: break;
+    }
+    return bytes >= ring_all_reduce_bytes;
+  }
+  static constexpr std::int64_t ring_all_reduce_bytes = std::int64_t{16} << 20;
+
+  // Ring all_reduce in place, as NCCL's ring and Horovod run it: the buffer splits into k blocks (sizes
+  // differing by at most one element, so any n works); k-1 steps of reduce-scatter leave member i with the sum
+  // of block i+1, and k-1 steps of all-gather pass the sums around. Each member sends and receives 2(k-1)/k of
+  // the buffer; every block is summed in one order, so all members end with identical bits.
+  template <class T>
+  void ring_all_reduce(const Group& g, T* data, std::int64_t n, DType t) {
+    const int k = g.size(), me = g.index_of(device_);
+    if (k == 1 || n == 0) return;
+    MPI_Comm c = comm(g);
+    const MPI_Datatype type = datatype(t);
+    const int next = (me + 1) % k, prev = (me + k - 1) % k;
+    auto block = [&](int b) { return ((b % k) + k) % k; };
+    auto begin = [&](int b) { return n / k * b + std::min<std::int64_t>(b, n % k); };
+    auto length = [&](int b) { return begin(b + 1) - begin(b); };
+    constexpr std::int64_t segment = (std::int64_t{256} << 10) / sizeof(T);
+    ring_scratch_.resize(static_cast<std::size_t>(std::min(length(0), segment)) * sizeof(T));
+    T* received = reinterpret_cast<T*>(ring_scratch_.data());
+    // Step s of both phases sends block b_send to `next` and receives block b_recv from `prev`, segment by
+    // segment; every member makes as many calls as the longest block needs (some empty), so calls pair up.
+    auto step = [&](int b_send, int b_recv, bool add) {
+      const std::int64_t send_len = length(b_send), recv_len = length(b_recv);
+      for (std::int64_t at = 0; at < length(0); at += segment) {
+        const std::int64_t out = std::clamp<std::int64_t>(send_len - at, 0, segment);
+        const std::int64_t in = std::clamp<std::int64_t>(recv_len - at, 0, segment);
+        T* target = data + begin(b_recv) + at;
+        check(MPI_Sendrecv(data + begin(b_send) + at, count(out), type, next, 0, add ? received : target, count(in), type,
+                           prev, 0, c, MPI_STATUS_IGNORE),
+              "MPI_Sendrecv (ring all_reduce)");
+        if (add)
+          for (std::int64_t i = 0; i < in; ++i) target[i] = plus(target[i], received[i]);
+      }
+    };
+    for (int s = 0; s + 1 < k; ++s) step(block(me - s), block(me - s - 1), true);
+    for (int s = 0; s + 1 < k; ++s) step(block(me + 1 - s), block(me - s), false);
+  }
+
   // Open MPI's MPI_Reduce_scatter_block measured 2-3x below the ring from 1 MiB up on this machine, and below
   // it at every size for pairs; for small blocks in larger groups its fewer steps win
-  // (`bench/collectives --backend mpi --rs-alternatives` prints the figures).
+  // (`bench/collectives --backend mpi --algorithms` prints the figures).
   static bool use_ring_reduce_scatter(int group_size, std::int64_t block_bytes) {
     return group_size == 2 || block_bytes * group_size >= (std::int64_t{1} << 20);
   }
@@ -267,6 +340,10 @@ class Communicator {
   }
 
   int device_ = 0, devices_ = 1;
+  AllReduceAlgorithm all_reduce_algorithm_ = [] {
+    const char* env = std::getenv("PARTIR_MPI_ALL_REDUCE");
+    return env && *env ? parse_all_reduce_algorithm(env) : AllReduceAlgorithm::automatic;
+  }();
   std::map<std::vector<int>, MPI_Comm> comms_;
   std::vector<std::byte> ring_scratch_;  // one received segment
   struct Send {
