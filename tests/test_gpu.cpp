@@ -45,7 +45,19 @@ double error(const Array& got, const Array& want) {
   return worst;
 }
 
-double tolerance(DType t) { return t == DType::f32 ? 1e-5 : t == DType::f64 ? 1e-12 : 0; }
+// Relative to 1 + |want|. The 16-bit types compute in f32 on both sides and round once, so results differ by
+// at most one unit in the last place where f32 math (exp, tanh, ...) or summation order differs by a bit:
+// 2^-8 for bf16 (8 significant bits), 2^-11 for f16; the bounds leave twice that.
+double tolerance(DType t) {
+  switch (t) {
+    case DType::f32: return 1e-5;
+    case DType::f64: return 1e-12;
+    case DType::bf16: return 1e-2;
+    case DType::f16: return 2e-3;
+    case DType::i32: return 0;
+  }
+  return 0;
+}
 
 // A one-op program on the given operands.
 Program one_op(OpKind kind, const std::vector<Array>& args, const Attrs& attrs, NamedArrays& inputs) {
@@ -465,9 +477,9 @@ TEST_SUITE("host") {
 // ---------------------------------------------------------------- device suite: needs a GPU
 
 TEST_SUITE("device") {
-  TEST_CASE("gpu: unary and binary ops match the Eigen kernels (f32, f64)") {
+  TEST_CASE("gpu: unary and binary ops match the Eigen kernels (f32, f64, bf16, f16)") {
     Rng rng(1);
-    for (DType t : {DType::f32, DType::f64})
+    for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16})
       for (const Shape& shape : {Shape{}, Shape{7}, Shape{33, 65}, Shape{4, 1000}}) {
         const Array x = random_array(rng, {shape, t}, 0.1, 3), y = random_array(rng, {shape, t}, 0.1, 3);
         for (OpKind k : {OpKind::neg, OpKind::exp, OpKind::log, OpKind::tanh, OpKind::rsqrt, OpKind::sqrt, OpKind::abs})
@@ -479,14 +491,14 @@ TEST_SUITE("device") {
 
   TEST_CASE("gpu: compare, select and convert for every dtype") {
     Rng rng(2);
-    for (DType t : {DType::f32, DType::f64, DType::i32}) {
+    for (DType t : {DType::f32, DType::f64, DType::i32, DType::bf16, DType::f16}) {
       const Array x = random_array(rng, {{5, 9}, t}), y = random_array(rng, {{5, 9}, t});
       for (CompareDir d : {CompareDir::eq, CompareDir::ne, CompareDir::lt, CompareDir::le, CompareDir::gt, CompareDir::ge}) {
         Attrs a;
         a.cmp = d;
         CHECK_GPU_OP(OpKind::compare, (std::vector{x, y}), a);
       }
-      for (DType v : {DType::f32, DType::f64, DType::i32}) {
+      for (DType v : {DType::f32, DType::f64, DType::i32, DType::bf16, DType::f16}) {
         const Array on = random_array(rng, {{5, 9}, v}), off = random_array(rng, {{5, 9}, v});
         CHECK_GPU_OP(OpKind::select, (std::vector{x, on, off}));
         Attrs a;
@@ -497,7 +509,7 @@ TEST_SUITE("device") {
   }
 
   TEST_CASE("gpu: constants, splat and per element") {
-    for (DType t : {DType::f32, DType::i32}) {
+    for (DType t : {DType::f32, DType::i32, DType::bf16}) {
       Program p("c");
       Attrs splat;
       splat.shape = {3, 4};
@@ -521,39 +533,41 @@ TEST_SUITE("device") {
       cases.push_back({{256, 1024}, {1024, 512}, {{}, {}, {1}, {0}}});  // GEMM-sized
       return cases;
     }();
-    for (DType t : {DType::f32, DType::f64})
+    for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16})
       for (const auto& d : dots) {
         Attrs a;
         a.dot = d.dims;
         const std::vector args{random_array(rng, {d.lhs, t}), random_array(rng, {d.rhs, t})};
         INFO(describe(OpKind::dot_general, args));
-        // Sums of up to 1024 products in another order: tolerance grows with the contracted size.
-        CHECK(gpu_vs_cpu(OpKind::dot_general, args, a) <= (t == DType::f32 ? 2e-4 : 1e-11));
+        // Sums of up to 1024 products in another order: tolerance grows with the contracted size. 16-bit
+        // operands: exact products summed in f32 on both sides (tensor cores here), then one rounding.
+        CHECK(gpu_vs_cpu(OpKind::dot_general, args, a) <= (t == DType::f32 ? 2e-4 : t == DType::f64 ? 1e-11 : tolerance(t)));
       }
   }
 
   TEST_CASE("gpu: reduce_sum and reduce_max over dim subsets, empty reductions included") {
     Rng rng(4);
     const Shape shape{6, 5, 130};
-    for (DType t : {DType::f32, DType::f64, DType::i32})
+    for (DType t : {DType::f32, DType::f64, DType::i32, DType::bf16, DType::f16})
       for (const std::vector<std::int64_t>& dims : {std::vector<std::int64_t>{}, {0}, {1}, {2}, {0, 2}, {0, 1, 2}}) {
         Attrs a;
         a.dims = dims;
         const std::vector args{random_array(rng, {shape, t})};
-        CHECK(gpu_vs_cpu(OpKind::reduce_sum, args, a) <= (t == DType::f32 ? 1e-5 : 1e-12));
+        CHECK(gpu_vs_cpu(OpKind::reduce_sum, args, a) <= std::max(tolerance(t), 1e-12));
         CHECK(gpu_vs_cpu(OpKind::reduce_max, args, a) == 0);
       }
     Attrs a;
     a.dims = {1};
     CHECK(gpu_vs_cpu(OpKind::reduce_max, std::vector{Array(TensorType{{3, 0}, DType::f32})}, a) == 0);
-    for (DType t : {DType::f32, DType::f64, DType::i32}) {  // few outputs over many elements: the split path
+    for (DType t : {DType::f32, DType::f64, DType::i32, DType::bf16, DType::f16}) {  // few outputs over many elements: the split path
       const std::vector args{random_array(rng, {{3, 70000}, t})};
       for (const std::vector<std::int64_t>& dims : {std::vector<std::int64_t>{1}, {0, 1}}) {
         Attrs r;
         r.dims = dims;
         INFO(to_string(args[0].type()) << " over " << dims.size() << " dims");
         // Sums of up to 210000 f32 values in another order: the CPU's own rounding reaches ~1e-4 absolute.
-        CHECK(gpu_vs_cpu(OpKind::reduce_sum, args, r) <= (t == DType::f32 ? 1e-4 : 1e-11));
+        // 16-bit: f32 sums of the chunks (not 16-bit ones), rounded once.
+        CHECK(gpu_vs_cpu(OpKind::reduce_sum, args, r) <= (t == DType::f32 ? 1e-4 : t == DType::f64 || t == DType::i32 ? 1e-11 : tolerance(t)));
         CHECK(gpu_vs_cpu(OpKind::reduce_max, args, r) == 0);
       }
     }
@@ -561,7 +575,7 @@ TEST_SUITE("device") {
 
   TEST_CASE("gpu: broadcast, reshape, transpose, slice, pad, concatenate") {
     Rng rng(5);
-    for (DType t : {DType::f32, DType::f64, DType::i32}) {
+    for (DType t : {DType::f32, DType::f64, DType::i32, DType::bf16}) {
       const Array x = random_array(rng, {{4, 1, 6}, t});
       Attrs b;
       b.dims = {0, 1, 3};
@@ -592,14 +606,16 @@ TEST_SUITE("device") {
 
   TEST_CASE("gpu: gather rows and scatter_add them back, repeated indices included") {
     Rng rng(6);
-    for (DType t : {DType::f32, DType::f64}) {
+    for (DType t : {DType::f32, DType::f64, DType::bf16}) {
       const Array table = random_array(rng, {{50, 16}, t});
       Array indices({2, 20}, std::vector<std::int32_t>(40));
       for (std::int64_t i = 0; i < 40; ++i) indices.set(i, static_cast<double>((i * 7) % 50 / (i % 3 + 1)));
       CHECK_GPU_OP(OpKind::gather, (std::vector{table, indices}));
       Attrs a;
       a.shape = {50, 16};
-      CHECK(gpu_vs_cpu(OpKind::scatter_add, std::vector{indices, random_array(rng, {{2, 20, 16}, t})}, a) <= tolerance(t));
+      // 16-bit: atomics add in 16 bits, one rounding per repeated index (up to 3 here) where the CPU sums in f32.
+      CHECK(gpu_vs_cpu(OpKind::scatter_add, std::vector{indices, random_array(rng, {{2, 20, 16}, t})}, a) <=
+            (is_half(t) ? 4 : 1) * tolerance(t));
     }
   }
 
@@ -708,25 +724,31 @@ TEST_SUITE("device") {
     }
   }
 
-  TEST_CASE("gpu: an Executable on the NCCL communicator steps on the GPU as interpret() does") {
-    nn::Mlp model{"params/mlp", {32, 64, 32}};
-    const Program step = train_step([&](Tensor x, Tensor y) { return mse(model(x), y); }, Adam{1e-3},
-                                    {{"x", {16, 32}}, {"y", {16, 32}}});
-    const Executable exe(on_one_device(step), gpu_comm());
-    NamedArrays state = exe.init(5), want = init_inputs(step, 5);
-    for (int s = 0; s < 3; ++s) {
-      NamedArrays batch = init_inputs(step, 100 + static_cast<std::uint64_t>(s), true), in = want;
-      std::erase_if(batch, [](const auto& kv) { return kv.first != "x" && kv.first != "y"; });
-      for (const auto& [name, a] : batch) in[name] = a;
-      NamedArrays expect = interpret(step, in);
-      const DeviceResult r = exe.step(state, batch);
-      CHECK(error(r.outputs.at("loss"), expect.at("loss")) <= 1e-4);
-      CHECK(r.gpu_seconds > 0);  // the ops' own time, measured with CUDA events
-      carry_state(step, want, std::move(expect));
-    }
-    for (const auto& [name, a] : exe.gather_state(state)) {
-      INFO(name);
-      CHECK(error(a, want.at(name)) <= 1e-4);
+  TEST_CASE("gpu: an Executable on the NCCL communicator steps on the GPU as interpret() does, in f32 and bf16") {
+    for (DType compute : {DType::f32, DType::bf16}) {
+      INFO(name_of(compute));
+      nn::Mlp model{"params/mlp", {32, 64, 32}};
+      const Program step = train_step([&](Tensor x, Tensor y) { return mse(model(x), y); }, Adam{1e-3},
+                                      {{"x", {16, 32}}, {"y", {16, 32}}}, MixedPrecision::with_compute(compute));
+      // bf16: both sides compute in f32 and round to bf16 at the same places; a last-bit difference (exp,
+      // summation order) moves the f32 loss and the f32 master weights by far less than 1%.
+      const double tol = compute == DType::f32 ? 1e-4 : 1e-2;
+      const Executable exe(on_one_device(step), gpu_comm());
+      NamedArrays state = exe.init(5), want = init_inputs(step, 5);
+      for (int s = 0; s < 3; ++s) {
+        NamedArrays batch = init_inputs(step, 100 + static_cast<std::uint64_t>(s), true), in = want;
+        std::erase_if(batch, [](const auto& kv) { return kv.first != "x" && kv.first != "y"; });
+        for (const auto& [name, a] : batch) in[name] = a;
+        NamedArrays expect = interpret(step, in);
+        const DeviceResult r = exe.step(state, batch);
+        CHECK(error(r.outputs.at("loss"), expect.at("loss")) <= tol);
+        CHECK(r.gpu_seconds > 0);  // the ops' own time, measured with CUDA events
+        carry_state(step, want, std::move(expect));
+      }
+      for (const auto& [name, a] : exe.gather_state(state)) {
+        INFO(name);
+        CHECK(error(a, want.at(name)) <= tol);
+      }
     }
   }
 

@@ -146,17 +146,12 @@ class Runner {
   Buffer eval(const Op& op, const std::vector<const Buffer*>& in, std::int64_t first_row = 0,
               std::int64_t global_rows = -1) {
     using K = OpKind;
-    for (const Buffer* b : in)
-      if (is_half(b->type.dtype) || is_half(op.type.dtype))
-        user_error(std::string(name_of(op.kind)) + ": the gpu executor has no " +
-                   std::string(name_of(is_half(op.type.dtype) ? op.type.dtype : b->type.dtype)) +
-                   " kernels yet; run 16-bit programs on the CPU backends (threads, mpi)");
     Buffer out = take(op.type);
     const std::int64_t n = op.type.elements();
     const auto& a = op.attrs;
     auto float_only = [&](DType t) {
       if (t == DType::i32)
-        user_error(std::string(name_of(op.kind)) + ": i32 operands are not supported, convert them to f32 or f64 first");
+        user_error(std::string(name_of(op.kind)) + ": i32 operands are not supported, convert them to a float type first");
     };
     const Buffer* x = in.empty() ? nullptr : in[0];
     switch (op.kind) {
@@ -203,8 +198,10 @@ class Runner {
       case K::reduce_sum: case K::reduce_max: {
         const ReduceShape s = reduce_shape(x->type.shape, a.dims, op.kind);
         const std::int64_t parts = reduce_parts(s);
-        // Scratch for the chunks of a split reduction: given back once enqueued (stream order, as dot_general's).
-        const std::int64_t scratch_bytes = parts > 1 ? s.outputs * parts * size_of(x->type.dtype) : 0;
+        // Scratch for the chunks of a split reduction (f32 sums for 16-bit inputs): given back once enqueued
+        // (stream order, as dot_general's).
+        const DType sums = is_half(x->type.dtype) ? DType::f32 : x->type.dtype;
+        const std::int64_t scratch_bytes = parts > 1 ? s.outputs * parts * size_of(sums) : 0;
         void* scratch = parts > 1 ? ctx_.pool.take(scratch_bytes) : nullptr;
         launch::reduce(op.kind == K::reduce_max, x->type.dtype, s, x->data, out.data, scratch, stream_);
         ctx_.pool.give(scratch, scratch_bytes);

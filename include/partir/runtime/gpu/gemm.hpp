@@ -104,8 +104,7 @@ inline bool tf32_allowed() {
 // out (row-major [batch..., lhs free..., rhs free...]) = dot_general(lhs, rhs).
 inline void dot_general(cublasHandle_t blas, const Shape& lhs_shape, const void* lhs, const Shape& rhs_shape,
                         const void* rhs, const DotDims& dims, DType t, void* out, DevicePool& pool, cudaStream_t stream) {
-  if (t != DType::f32 && t != DType::f64)
-    user_error("dot_general: i32 operands are not supported, convert them to f32 or f64 first");
+  if (t == DType::i32) user_error("dot_general: i32 operands are not supported, convert them to a float type first");
   const GemmPlan g = plan_gemm(lhs_shape, rhs_shape, dims);
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   if (g.k == 0) {
@@ -127,12 +126,15 @@ inline void dot_general(cublasHandle_t blas, const Shape& lhs_shape, const void*
   const void* a = prepare(g.a, lhs_shape, lhs, a_scratch);
   const void* b = prepare(g.b, rhs_shape, rhs, b_scratch);
   check_cublas(cublasSetStream(blas, stream), "cublasSetStream");
+  // 16-bit operands multiply on tensor cores and accumulate in f32 (alpha and beta are then f32 too), as
+  // the CPU's bf16/f16 GEMMs do; the result is rounded to 16 bits once.
   const float one_f = 1, zero_f = 0;
   const double one_d = 1, zero_d = 0;
-  const bool f32 = t == DType::f32;
-  const cudaDataType_t type = f32 ? CUDA_R_32F : CUDA_R_64F;
-  const cublasComputeType_t compute =
-      f32 ? (tf32_allowed() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F) : CUBLAS_COMPUTE_64F;
+  const bool f64 = t == DType::f64, f32 = !f64;
+  const cudaDataType_t type = t == DType::bf16 ? CUDA_R_16BF : t == DType::f16 ? CUDA_R_16F : f32 ? CUDA_R_32F : CUDA_R_64F;
+  const cublasComputeType_t compute = f64                                        ? CUBLAS_COMPUTE_64F
+                                      : t == DType::f32 && tf32_allowed()        ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                                 : CUBLAS_COMPUTE_32F;
   auto op = [](bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; };
   check_cublas(cublasGemmStridedBatchedEx(blas, op(g.transpose_first()), op(g.transpose_second()), static_cast<int>(g.n),
                                           static_cast<int>(g.m), static_cast<int>(g.k),

@@ -3,6 +3,10 @@
 // (the definitions are not inline, so the host compiler's translation units only see launch.hpp).
 // Each kernel takes the op kind as a run-time switch rather than a template parameter: a few instantiations
 // per dtype keep nvcc's compile time small, and the switch costs nothing next to memory traffic.
+// bf16 and f16 are stored as CUDA's __nv_bfloat16 and __half and computed in f32 registers, as on the CPU:
+// each kernel widens what it loads (widen) and rounds what it stores to nearest even (Store<T>::from).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cfloat>
@@ -33,13 +37,40 @@ inline void check_launch(const char* kernel) {
 #define PARTIR_GRID_LOOP(i, n) \
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < (n); i += static_cast<std::int64_t>(blockDim.x) * gridDim.x)
 
+// The type a kernel computes a T in: f32 for the 16-bit floats, T itself otherwise.
+template <class T> struct MathOf { using type = T; };
+template <> struct MathOf<__nv_bfloat16> { using type = float; };
+template <> struct MathOf<__half> { using type = float; };
+template <class T> using math_t = typename MathOf<T>::type;
+
+template <class T> __device__ math_t<T> widen(T v) { return v; }
+template <> __device__ float widen(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <> __device__ float widen(__half v) { return __half2float(v); }
+
+// A computed value stored as T. Into a 16-bit float, from f64 (and i32, exact in f64) in one rounding, as
+// the CPU's round-to-odd path gives.
+template <class T> struct Store {
+  template <class V> __device__ static T from(V v) { return static_cast<T>(v); }
+};
+template <> struct Store<__nv_bfloat16> {
+  __device__ static __nv_bfloat16 from(float v) { return __float2bfloat16_rn(v); }
+  __device__ static __nv_bfloat16 from(double v) { return __double2bfloat16(v); }
+  __device__ static __nv_bfloat16 from(std::int32_t v) { return __double2bfloat16(static_cast<double>(v)); }
+};
+template <> struct Store<__half> {
+  __device__ static __half from(float v) { return __float2half_rn(v); }
+  __device__ static __half from(double v) { return __double2half(v); }
+  __device__ static __half from(std::int32_t v) { return __double2half(static_cast<double>(v)); }
+};
+
 template <class T> __device__ T rsqrt_of(T x) { return T(1) / sqrt(x); }
 
 template <class T>
 __global__ void unary_kernel(OpKind kind, const T* x, T* out, std::int64_t n) {
+  using M = math_t<T>;
   PARTIR_GRID_LOOP(i, n) {
-    const T a = x[i];
-    T r;
+    const M a = widen(x[i]);
+    M r;
     switch (kind) {
       case OpKind::neg: r = -a; break;
       case OpKind::exp: r = exp(a); break;
@@ -50,15 +81,16 @@ __global__ void unary_kernel(OpKind kind, const T* x, T* out, std::int64_t n) {
       case OpKind::abs: r = fabs(a); break;
       default: r = a; break;
     }
-    out[i] = r;
+    out[i] = Store<T>::from(r);
   }
 }
 
 template <class T>
 __global__ void binary_kernel(OpKind kind, const T* x, const T* y, T* out, std::int64_t n) {
+  using M = math_t<T>;
   PARTIR_GRID_LOOP(i, n) {
-    const T a = x[i], b = y[i];
-    T r;
+    const M a = widen(x[i]), b = widen(y[i]);
+    M r;
     switch (kind) {
       case OpKind::add: r = a + b; break;
       case OpKind::sub: r = a - b; break;
@@ -69,14 +101,14 @@ __global__ void binary_kernel(OpKind kind, const T* x, const T* y, T* out, std::
       case OpKind::pow: r = pow(a, b); break;
       default: r = a; break;
     }
-    out[i] = r;
+    out[i] = Store<T>::from(r);
   }
 }
 
 template <class T>
 __global__ void compare_kernel(CompareDir dir, const T* x, const T* y, T* out, std::int64_t n) {
   PARTIR_GRID_LOOP(i, n) {
-    const T a = x[i], b = y[i];
+    const math_t<T> a = widen(x[i]), b = widen(y[i]);
     bool r = false;
     switch (dir) {
       case CompareDir::eq: r = a == b; break;
@@ -86,23 +118,24 @@ __global__ void compare_kernel(CompareDir dir, const T* x, const T* y, T* out, s
       case CompareDir::gt: r = a > b; break;
       case CompareDir::ge: r = a >= b; break;
     }
-    out[i] = r ? T(1) : T(0);
+    out[i] = Store<T>::from(math_t<T>(r ? 1 : 0));
   }
 }
 
 template <class M, class T>
 __global__ void select_kernel(const M* m, const T* a, const T* b, T* out, std::int64_t n) {
-  PARTIR_GRID_LOOP(i, n) out[i] = m[i] != M(0) ? a[i] : b[i];
+  PARTIR_GRID_LOOP(i, n) out[i] = widen(m[i]) != math_t<M>(0) ? a[i] : b[i];
 }
 
 template <class From, class To>
 __global__ void convert_kernel(const From* x, To* out, std::int64_t n) {
-  PARTIR_GRID_LOOP(i, n) out[i] = static_cast<To>(x[i]);
+  PARTIR_GRID_LOOP(i, n) out[i] = Store<To>::from(widen(x[i]));
 }
 
 template <class T>
-__global__ void fill_kernel(T value, T* out, std::int64_t n) {
-  PARTIR_GRID_LOOP(i, n) out[i] = value;
+__global__ void fill_kernel(double value, T* out, std::int64_t n) {
+  const T v = Store<T>::from(value);
+  PARTIR_GRID_LOOP(i, n) out[i] = v;
 }
 
 template <class E>
@@ -121,38 +154,40 @@ template <> __device__ std::int32_t lowest<std::int32_t>() { return INT_MIN; }
 
 // One block per output element and chunk of its elements (parts chunks per output: reduce_chunk; parts 1:
 // all of them), writing out[block]: its threads walk the chunk in a fixed order and combine their partial
-// results in a fixed tree, so a result depends on the data only (no atomics).
-template <class T, bool take_max>
-__global__ void reduce_kernel(ReduceShape s, std::int64_t parts, const T* x, T* out) {
-  __shared__ T partial[threads];
+// results in a fixed tree, so a result depends on the data only (no atomics). 16-bit inputs accumulate in
+// f32 (Out: f32 for the chunks of a split reduction, rounded to 16 bits once at the end).
+template <class T, class Out, bool take_max>
+__global__ void reduce_kernel(ReduceShape s, std::int64_t parts, const T* x, Out* out) {
+  using A = math_t<T>;
+  __shared__ A partial[threads];
   for (std::int64_t b = blockIdx.x; b < s.outputs * parts; b += gridDim.x) {
     std::int64_t o = 0, first = 0, last = 0;
     reduce_chunk(s, parts, b, o, first, last);
     const std::int64_t base = kept_offset(s, o);
-    T acc = take_max ? lowest<T>() : T(0);
+    A acc = take_max ? lowest<A>() : A(0);
     for (std::int64_t j = first + threadIdx.x; j < last; j += blockDim.x) {
-      const T v = x[base + reduced_offset(s, j)];
+      const A v = widen(x[base + reduced_offset(s, j)]);
       acc = take_max ? (v > acc ? v : acc) : acc + v;
     }
     partial[threadIdx.x] = acc;
     __syncthreads();
     for (int width = blockDim.x / 2; width > 0; width /= 2) {
       if (static_cast<int>(threadIdx.x) < width) {
-        const T a = partial[threadIdx.x], c = partial[threadIdx.x + width];
+        const A a = partial[threadIdx.x], c = partial[threadIdx.x + width];
         partial[threadIdx.x] = take_max ? (c > a ? c : a) : a + c;
       }
       __syncthreads();
     }
-    if (threadIdx.x == 0) out[b] = partial[0];
+    if (threadIdx.x == 0) out[b] = Store<Out>::from(partial[0]);
     __syncthreads();
   }
 }
 
-template <class T, bool take_max>
-void reduce_pass(const ReduceShape& s, std::int64_t parts, const T* x, T* out, cudaStream_t stream) {
+template <class T, class Out, bool take_max>
+void reduce_pass(const ReduceShape& s, std::int64_t parts, const T* x, Out* out, cudaStream_t stream) {
   const std::int64_t blocks = s.outputs * parts;
   const unsigned grid = static_cast<unsigned>(blocks < 65535 * 32 ? blocks : 65535 * 32);
-  reduce_kernel<T, take_max><<<grid, threads, 0, stream>>>(s, parts, x, out);
+  reduce_kernel<T, Out, take_max><<<grid, threads, 0, stream>>>(s, parts, x, out);
   check_launch("reduce_kernel");
 }
 
@@ -163,7 +198,7 @@ __global__ void gather_kernel(const T* table, const std::int32_t* indices, T* ou
                               std::int64_t row, std::int64_t first_row, std::int64_t global_rows, int* bad) {
   PARTIR_GRID_LOOP(k, n * (row > 0 ? row : 1)) {
     const std::int64_t at = table_offset(indices, k, row, rows, first_row, global_rows, bad);
-    if (row > 0) out[k] = at >= 0 ? table[at] : T(0);
+    if (row > 0) out[k] = at >= 0 ? table[at] : Store<T>::from(math_t<T>(0));
   }
 }
 
@@ -178,17 +213,26 @@ __global__ void scatter_add_kernel(const std::int32_t* indices, const T* updates
 }
 
 template <class F>
-void by_float(DType t, F&& f) {
-  if (t == DType::f32) f(float{});
-  else if (t == DType::f64) f(double{});
-  else user_error("gpu kernels: i32 operands are not supported for this op, convert them to f32 or f64 first");
+void by_type(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: return f(float{});
+    case DType::f64: return f(double{});
+    case DType::i32: return f(std::int32_t{});
+    case DType::bf16: return f(__nv_bfloat16{});
+    case DType::f16: return f(__half{});
+  }
 }
 
 template <class F>
-void by_type(DType t, F&& f) {
-  if (t == DType::f32) f(float{});
-  else if (t == DType::f64) f(double{});
-  else f(std::int32_t{});
+void by_float(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: return f(float{});
+    case DType::f64: return f(double{});
+    case DType::bf16: return f(__nv_bfloat16{});
+    case DType::f16: return f(__half{});
+    case DType::i32: break;
+  }
+  user_error("gpu kernels: i32 operands are not supported for this op, convert them to a float type first");
 }
 
 }  // namespace device
@@ -256,8 +300,7 @@ void fill(DType t, double value, void* out, std::int64_t n, cudaStream_t stream)
   if (n == 0) return;
   device::by_type(t, [&](auto z) {
     using T = decltype(z);
-    device::fill_kernel<T><<<device::blocks_for(n), device::threads, 0, stream>>>(static_cast<T>(value),
-                                                                                  static_cast<T*>(out), n);
+    device::fill_kernel<T><<<device::blocks_for(n), device::threads, 0, stream>>>(value, static_cast<T*>(out), n);
   });
   device::check_launch("fill_kernel");
 }
@@ -266,7 +309,10 @@ void strided_copy(int element_bytes, const StridedShape& s, const void* src, voi
   std::int64_t n = 1;
   for (int d = 0; d < s.rank; ++d) n *= s.shape[d];
   if (n == 0) return;
-  if (element_bytes == 4)
+  if (element_bytes == 2)
+    device::strided_copy_kernel<std::uint16_t><<<device::blocks_for(n), device::threads, 0, stream>>>(
+        s, n, static_cast<const std::uint16_t*>(src), static_cast<std::uint16_t*>(dst));
+  else if (element_bytes == 4)
     device::strided_copy_kernel<std::uint32_t><<<device::blocks_for(n), device::threads, 0, stream>>>(
         s, n, static_cast<const std::uint32_t*>(src), static_cast<std::uint32_t*>(dst));
   else
@@ -280,15 +326,18 @@ void reduce(bool take_max, DType t, const ReduceShape& s, const void* x, void* o
   const std::int64_t parts = scratch ? reduce_parts(s) : 1;
   device::by_type(t, [&](auto z) {
     using T = decltype(z);
-    auto pass = [&](const ReduceShape& shape, std::int64_t p, const void* from, void* to) {
-      if (take_max) device::reduce_pass<T, true>(shape, p, static_cast<const T*>(from), static_cast<T*>(to), stream);
-      else device::reduce_pass<T, false>(shape, p, static_cast<const T*>(from), static_cast<T*>(to), stream);
+    using A = device::math_t<T>;  // the chunks' sums in scratch: f32 for the 16-bit types
+    auto pass = [&](auto in, auto result, const ReduceShape& shape, std::int64_t p, const void* from, void* to) {
+      using In = decltype(in);
+      using Out = decltype(result);
+      if (take_max) device::reduce_pass<In, Out, true>(shape, p, static_cast<const In*>(from), static_cast<Out*>(to), stream);
+      else device::reduce_pass<In, Out, false>(shape, p, static_cast<const In*>(from), static_cast<Out*>(to), stream);
     };
     if (parts == 1) {
-      pass(s, 1, x, out);
+      pass(T{}, T{}, s, 1, x, out);
     } else {  // chunks into scratch, then each output's chunks (same stream: in order)
-      pass(s, parts, x, scratch);
-      pass(partials_shape(s.outputs, parts), 1, scratch, out);
+      pass(T{}, A{}, s, parts, x, scratch);
+      pass(A{}, T{}, partials_shape(s.outputs, parts), 1, scratch, out);
     }
   });
 }
