@@ -206,9 +206,9 @@ class Communicator {
   }
   void set_all_reduce_algorithm(AllReduceAlgorithm a) { all_reduce_algorithm_ = a; }
 
-  // Open MPI's MPI_Allreduce collapses on large buffers here (64 MiB on 2 ranks: 208 ms, 0.3 GB/s busbw, while
-  // a ring of the same bytes takes ~20 ms); below ~256 KiB its few latency-bound steps win
-  // (`bench/collectives --backend mpi --algorithms` prints both per size).
+  // Open MPI's MPI_Allreduce falls behind on buffers past the caches (64 MiB on 2 ranks: 32.6 ms against the
+  // ring's 16.7 ms; 208 ms in earlier runs), while from 1 to 4 MiB it is ~25% faster; they cross near 16 MiB
+  // on 2 and 4 ranks (`bench/collectives --backend mpi --algorithms` prints both per size).
   bool use_ring_all_reduce(int group_size, std::int64_t bytes) const {
     if (group_size == 1) return false;
     switch (all_reduce_algorithm_) {
