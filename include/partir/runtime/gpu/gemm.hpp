@@ -130,17 +130,17 @@ inline void dot_general(cublasHandle_t blas, const Shape& lhs_shape, const void*
   // the CPU's bf16/f16 GEMMs do; the result is rounded to 16 bits once.
   const float one_f = 1, zero_f = 0;
   const double one_d = 1, zero_d = 0;
-  const bool f64 = t == DType::f64, f32 = !f64;
-  const cudaDataType_t type = t == DType::bf16 ? CUDA_R_16BF : t == DType::f16 ? CUDA_R_16F : f32 ? CUDA_R_32F : CUDA_R_64F;
-  const cublasComputeType_t compute = f64                                        ? CUBLAS_COMPUTE_64F
-                                      : t == DType::f32 && tf32_allowed()        ? CUBLAS_COMPUTE_32F_FAST_TF32
-                                                                                 : CUBLAS_COMPUTE_32F;
+  const bool f64 = t == DType::f64;
+  const cudaDataType_t type = t == DType::bf16 ? CUDA_R_16BF : t == DType::f16 ? CUDA_R_16F : f64 ? CUDA_R_64F : CUDA_R_32F;
+  const cublasComputeType_t compute = f64                                 ? CUBLAS_COMPUTE_64F
+                                      : t == DType::f32 && tf32_allowed() ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                                          : CUBLAS_COMPUTE_32F;
   auto op = [](bool transpose) { return transpose ? CUBLAS_OP_T : CUBLAS_OP_N; };
   check_cublas(cublasGemmStridedBatchedEx(blas, op(g.transpose_first()), op(g.transpose_second()), static_cast<int>(g.n),
                                           static_cast<int>(g.m), static_cast<int>(g.k),
-                                          f32 ? static_cast<const void*>(&one_f) : &one_d, b, type, static_cast<int>(g.b.ld),
+                                          f64 ? static_cast<const void*>(&one_d) : &one_f, b, type, static_cast<int>(g.b.ld),
                                           g.b.batch_stride, a, type, static_cast<int>(g.a.ld), g.a.batch_stride,
-                                          f32 ? static_cast<const void*>(&zero_f) : &zero_d, out, type,
+                                          f64 ? static_cast<const void*>(&zero_d) : &zero_f, out, type,
                                           static_cast<int>(g.ldc()), g.stride_c(), static_cast<int>(g.batch), compute,
                                           CUBLAS_GEMM_DEFAULT),
                "cublasGemmStridedBatchedEx");
