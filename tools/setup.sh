@@ -1,9 +1,14 @@
 #!/bin/sh
 # Installs what partir needs on Debian 12 (when missing) and configures the Meson build in ./build.
-# usage: tools/setup.sh [extra meson options...]
+# usage: tools/setup.sh [--tests] [extra meson options...]
+#   --tests also installs what only tests need: PyTorch (python3-torch), the reference of `recipe vs torch`.
 set -eu
 cd "$(dirname "$0")/.."
 packages="g++ meson ninja-build pkg-config cmake libeigen3-dev nlohmann-json3-dev libcli11-dev libopenmpi-dev openmpi-bin doctest-dev libopenblas-dev libdnnl-dev python3 librsvg2-bin iproute2"
+if [ "${1:-}" = "--tests" ]; then
+  packages="$packages python3-torch"
+  shift
+fi
 missing=""
 for p in $packages; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
