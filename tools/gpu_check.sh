@@ -86,6 +86,22 @@ timeout 60 build-gpu/bench/collectives --backend nccl -b 8 -e 256M -f 4 -o all -
 say "collectives --backend nccl: exit $?"
 grep -E "^  (all_reduce|all_gather)" "$out/collectives_nccl.txt" | tail -4 | tee -a "$summary"
 
+# compare_losses LABEL GPU_LOG CPU_LOG TOLERANCE: the final losses of two runs of $out/LOG.txt, within TOLERANCE
+# relative, else the check fails.
+compare_losses() {
+  g=$(awk '/^final loss/ {print $3}' "$out/$2.txt")
+  c=$(awk '/^final loss/ {print $3}' "$out/$3.txt")
+  if [ -z "$g" ] || [ -z "$c" ]; then
+    say "$1: no final loss: $(grep -h -m1 error "$out/$2.txt" "$out/$3.txt")"
+    status=1
+    return
+  fi
+  verdict=$(awk -v g="$g" -v c="$c" -v tol="$4" 'BEGIN { d = g - c; if (d < 0) d = -d;
+    printf "|gpu - cpu| = %.2e (%s, tolerance %s relative)", d, d <= tol * (c < 0 ? -c : c) ? "agree" : "DIFFER", tol }')
+  say "$1 final loss: gpu $g, cpu $c: $verdict; $(grep '^gpu: ops' "$out/$2.txt")"
+  echo "$verdict" | grep -q DIFFER && status=1
+}
+
 # 4. gpt_train: GPU vs CPU threads, same seed and steps
 steps=60
 timeout 60 build-gpu/examples/gpt_train --backend nccl --steps $steps --log-every 1 --report json \
@@ -94,16 +110,7 @@ say "gpt_train --backend nccl: exit $? ($(grep -E '^(final loss|error)' "$out/gp
 timeout 60 build-gpu/examples/gpt_train --backend threads --steps $steps --log-every 1 --report json \
   --report-file "$out/gpt_cpu.json" > "$out/gpt_cpu.txt" 2>&1
 say "gpt_train --backend threads: exit $? ($(grep -E '^(final loss|error)' "$out/gpt_cpu.txt"; grep '^measured' "$out/gpt_cpu.txt"))"
-gpu_loss=$(awk '/^final loss/ {print $3}' "$out/gpt_nccl.txt")
-cpu_loss=$(awk '/^final loss/ {print $3}' "$out/gpt_cpu.txt")
-if [ -n "$gpu_loss" ] && [ -n "$cpu_loss" ]; then
-  verdict=$(awk -v g="$gpu_loss" -v c="$cpu_loss" 'BEGIN { d = g - c; if (d < 0) d = -d;
-    printf "|gpu - cpu| = %.2e (%s, tolerance 1e-2 relative)", d, d <= 1e-2 * (c < 0 ? -c : c) ? "agree" : "DIFFER" }')
-  say "gpt_train final loss: gpu $gpu_loss, cpu $cpu_loss: $verdict"
-  echo "$verdict" | grep -q DIFFER && status=1
-else
-  status=1
-fi
+compare_losses "gpt_train" gpt_nccl gpt_cpu 1e-2
 for f in gpt_nccl gpt_cpu; do  # median step time after the first 5 steps
   awk '/^step / && $2 > 5 && $7 == "ms" {print $8}' "$out/$f.txt" | sort -n | awk -v f=$f '{a[NR]=$1} END { if (NR) print f " median step ms " a[int((NR+1)/2)] }' | tee -a "$summary"
 done
@@ -136,20 +143,8 @@ done
 # 6. gpt_train in bf16 on the GPU against the CPU (same seed): both round to bf16 at the same places, so the
 # losses stay within 3% (issue 18's bound between precisions; in practice far closer).
 timeout 60 build-gpu/examples/gpt_train --backend nccl --steps $steps --precision bf16 > "$out/gpt_bf16_nccl.txt" 2>&1
-rc_gpu=$?
 timeout 90 build-gpu/examples/gpt_train --backend threads --steps $steps --precision bf16 > "$out/gpt_bf16_cpu.txt" 2>&1
-rc_cpu=$?
-gpu_loss=$(awk '/^final loss/ {print $3}' "$out/gpt_bf16_nccl.txt")
-cpu_loss=$(awk '/^final loss/ {print $3}' "$out/gpt_bf16_cpu.txt")
-if [ -n "$gpu_loss" ] && [ -n "$cpu_loss" ]; then
-  verdict=$(awk -v g="$gpu_loss" -v c="$cpu_loss" 'BEGIN { d = g - c; if (d < 0) d = -d;
-    printf "|gpu - cpu| = %.2e (%s, tolerance 3e-2 relative)", d, d <= 3e-2 * (c < 0 ? -c : c) ? "agree" : "DIFFER" }')
-  say "gpt_train bf16 final loss: gpu $gpu_loss, cpu $cpu_loss: $verdict; $(grep '^gpu: ops' "$out/gpt_bf16_nccl.txt")"
-  echo "$verdict" | grep -q DIFFER && status=1
-else
-  say "gpt_train bf16: exit $rc_gpu (gpu), $rc_cpu (cpu): $(grep -h -m1 error "$out/gpt_bf16_nccl.txt" "$out/gpt_bf16_cpu.txt")"
-  status=1
-fi
+compare_losses "gpt_train bf16" gpt_bf16_nccl gpt_bf16_cpu 3e-2
 
 say "gpu_check: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status
