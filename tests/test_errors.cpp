@@ -214,7 +214,7 @@ TEST_CASE("catalog: tactics and schedules") {
   }
   // E44 an unknown preset name
   CHECK_THROWS_WITH_AS(parse_schedule("bp,tp"),
-                       "schedule 'bp,tp': unknown tactic 'tp' (expected none, bp, mp, z2, z3, emb, mq, pp, pp:gpipe, auto:<axis>)", UserError);
+                       "schedule 'bp,tp': unknown tactic 'tp' (expected none, bp, mp, z2, z3, emb, mq, ep, pp, pp:gpipe, auto:<axis>)", UserError);
   // E45 explain() of a name the program lacks
   CHECK_THROWS_WITH_AS(explain(partition(prog, mesh2x2, {bp}), "params/mlp/w7"),
                        "partitioned program 'mlp' has no input, tag or output named 'params/mlp/w7'", UserError);
@@ -593,7 +593,30 @@ TEST_CASE("catalog: pipeline parallelism") {
   // E100 an unknown pipeline schedule name
   CHECK_THROWS_WITH_AS(parse_schedule("pp:interleaved"),
                        "schedule 'pp:interleaved': unknown tactic 'pp:interleaved' (expected none, bp, mp, z2, z3, emb, "
-                       "mq, pp, pp:gpipe, auto:<axis>)",
+                       "mq, ep, pp, pp:gpipe, auto:<axis>)",
+                       UserError);
+}
+
+TEST_CASE("catalog: mixture of experts and expert parallelism") {
+  // E104 a MoE layer's routing out of range; expert parallelism without experts, or experts the axis does not divide
+  auto layer = [](int top_k, double factor) {
+    return trace("moe", [&](Tensor x) { return nn::MixtureOfExperts{"params/moe", 8, 16, 4, top_k, factor}(x).y; },
+                 {{"x", {2, 4, 8}}});
+  };
+  CHECK_THROWS_WITH_AS(layer(3, 1.0), "MixtureOfExperts 'params/moe': top_k 3 is not supported (1 or 2, at most the 4 experts)",
+                       UserError);
+  CHECK_THROWS_WITH_AS(layer(1, 0.0), "MixtureOfExperts 'params/moe': capacity_factor must be > 0, got 0.000000", UserError);
+  CHECK_THROWS_WITH_AS(partition(adam_step(), Mesh{{"expert", 2}}, parse_schedule("ep")),
+                       "tactic 1 (ep(expert)): no parameter of 'train_step' is an expert weight (params/**/experts/*, as "
+                       "nn::MixtureOfExperts names them)",
+                       UserError);
+  nn::GptConfig c{.vocab = 16, .seq = 4, .d_model = 8, .heads = 2, .layers = 1, .experts = 3};
+  const nn::Gpt model{c};
+  const Program step = train_step([&](Tensor t, Tensor y) { return model.loss(t, y); }, Adam{1e-2},
+                                  {{"tokens", {4, 4}, DType::i32}, {"targets", {4, 4}, DType::i32}});
+  CHECK_THROWS_WITH_AS(partition(step, Mesh{{"expert", 2}}, parse_schedule("ep")),
+                       "tactic 1 (ep(expert)): params/layers/0/moe/experts/b1 holds 3 experts, not divisible by {expert} "
+                       "(2 tiles): expert parallelism gives each device whole experts",
                        UserError);
 }
 

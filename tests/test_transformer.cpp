@@ -7,7 +7,10 @@
 #include <partir/partir.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <numbers>
+#include <numeric>
 #include <random>
 
 using namespace partir;
@@ -963,4 +966,148 @@ TEST_CASE("pipeline: explain names each value's stage and the tactic") {
   CHECK(explain(plan, plan.value("params/layers/1/mlp/w1")).find("params/layers/1/mlp/w1 on stage 1 of 'stage': tactic 1 (pp(stage))") !=
         std::string::npos);
   CHECK(explain(plan, plan.value("params/tok_embed/table")).find("on stage 0 of 'stage'") != std::string::npos);
+}
+
+// ---- mixture of experts ----
+
+namespace {
+
+nn::GptConfig with_experts(int top_k, std::int64_t layers = 2) {
+  nn::GptConfig c = small(layers);
+  c.experts = 4;
+  c.top_k = top_k;
+  return c;
+}
+
+double gelu_reference(double v) { return 0.5 * v * (1 + std::tanh(std::sqrt(2 / std::numbers::pi) * (v + 0.044715 * v * v * v))); }
+
+}  // namespace
+
+TEST_CASE("moe: each token gets its experts' outputs weighted by the router, while the experts have room") {
+  const std::int64_t B = 3, S = 10, D = 6, H = 5, E = 4;
+  for (int top_k : {1, 2})
+    for (double factor : {0.5, 4.0}) {  // 0.5: experts overflow and drop tokens; 4.0: C = S, none dropped
+      CAPTURE(top_k);
+      CAPTURE(factor);
+      const nn::MixtureOfExperts moe{"params/moe", D, H, E, top_k, factor};
+      const std::int64_t C = moe.capacity(S);
+      const Program f = trace(
+          "moe", [&](Tensor x) { const auto out = moe(x); return NamedTensors{{"y", out.y}, {"aux", out.aux_loss}}; },
+          {{"x", {B, S, D}}});
+      NamedArrays in = init_inputs(f, 11, true);
+      std::mt19937_64 rng(5);
+      std::normal_distribution<double> normal;
+      for (const char* bias : {"params/moe/experts/b1", "params/moe/experts/b2"})  // zeros by default
+        for (std::int64_t i = 0; i < in.at(bias).size(); ++i) in.at(bias).set(i, 0.1 * normal(rng));
+      const NamedArrays out = interpret(f, in);
+      auto at = [&](const char* name, std::vector<std::int64_t> index) {
+        const Array& a = in.at(name);
+        std::int64_t flat = 0;
+        for (std::size_t d = 0; d < index.size(); ++d) flat = flat * a.shape()[d] + index[d];
+        return a.at(flat);
+      };
+      int dropped = 0;
+      double aux = 0;
+      for (std::int64_t b = 0; b < B; ++b) {
+        std::vector<std::vector<double>> probs(S, std::vector<double>(E));
+        std::vector<std::vector<std::int64_t>> choice(S);
+        std::vector<std::vector<double>> gate(S);
+        for (std::int64_t s = 0; s < S; ++s) {
+          std::vector<double> logits(E, 0.0);
+          for (std::int64_t e = 0; e < E; ++e)
+            for (std::int64_t d = 0; d < D; ++d) logits[e] += at("x", {b, s, d}) * at("params/moe/router", {d, e});
+          const double top = *std::max_element(logits.begin(), logits.end());
+          double z = 0;
+          for (std::int64_t e = 0; e < E; ++e) z += std::exp(logits[e] - top);
+          for (std::int64_t e = 0; e < E; ++e) probs[s][e] = std::exp(logits[e] - top) / z;
+          std::vector<std::int64_t> order(E);
+          std::iota(order.begin(), order.end(), 0);
+          std::stable_sort(order.begin(), order.end(), [&](auto i, auto j) { return logits[i] > logits[j]; });
+          double total = 0;
+          for (int j = 0; j < top_k; ++j) total += probs[s][order[j]];
+          for (int j = 0; j < top_k; ++j) {
+            choice[s].push_back(order[j]);
+            gate[s].push_back(top_k == 2 ? probs[s][order[j]] / total : probs[s][order[j]]);
+          }
+        }
+        // Slots in token order, first choices before second ones.
+        std::vector<std::int64_t> taken(E, 0);
+        std::vector<std::vector<bool>> kept(S, std::vector<bool>(top_k));
+        for (int j = 0; j < top_k; ++j)
+          for (std::int64_t s = 0; s < S; ++s) {
+            kept[s][j] = taken[choice[s][j]]++ < C;
+            dropped += !kept[s][j];
+          }
+        for (std::int64_t s = 0; s < S; ++s)
+          for (std::int64_t o = 0; o < D; ++o) {
+            double expect = 0;
+            for (int j = 0; j < top_k; ++j) {
+              if (!kept[s][j]) continue;
+              const std::int64_t e = choice[s][j];
+              double y = at("params/moe/experts/b2", {e, o});
+              for (std::int64_t h = 0; h < H; ++h) {
+                double pre = at("params/moe/experts/b1", {e, h});
+                for (std::int64_t d = 0; d < D; ++d) pre += at("x", {b, s, d}) * at("params/moe/experts/w1", {e, d, h});
+                y += gelu_reference(pre) * at("params/moe/experts/w2", {e, h, o});
+              }
+              expect += gate[s][j] * y;
+            }
+            CHECK(out.at("y").at((b * S + s) * D + o) == doctest::Approx(expect).epsilon(1e-4));
+          }
+        for (std::int64_t e = 0; e < E; ++e) {
+          double f = 0, P = 0;
+          for (std::int64_t s = 0; s < S; ++s) {
+            f += choice[s][0] == e;
+            P += probs[s][e];
+          }
+          aux += static_cast<double>(E) * (f / S) * (P / S) / B;
+        }
+      }
+      CHECK(out.at("aux").at(0) == doctest::Approx(aux).epsilon(1e-5));
+      CHECK((dropped > 0) == (factor < 1));
+    }
+}
+
+TEST_CASE("plan: expert parallelism sends tokens to their experts and back by one all_to_all each way per layer and pass") {
+  const Mesh mesh{{"batch", 2}, {"expert", 2}};
+  for (std::int64_t layers : {1, 2}) {
+    CAPTURE(layers);
+    const nn::GptConfig c = with_experts(1, layers);
+    const int L = static_cast<int>(layers);
+    const nn::Gpt model{c};
+    const Program fwd = trace("moe_loss", [&](Tensor t, Tensor y) { return model.loss(t, y); }, data_specs(c));
+    CHECK(plan(lower(partition(fwd, mesh, parse_schedule("bp,ep")))) ==
+          std::map<std::string, int>{{"all_to_all{expert}", 2 * L}});
+    const Program step = train(c);
+    const SpmdProgram spmd = lower(partition(step, mesh, parse_schedule("bp,ep")));
+    // Expert weights are whole experts per device: their gradients reduce over 'batch' only; the rest over both.
+    const int expert_weights = 4 * L, others = static_cast<int>(parameters(step).size()) - expert_weights;
+    CHECK(plan(spmd) == std::map<std::string, int>{{"all_to_all{expert}", 4 * L},
+                                                   {"all_reduce{batch}", expert_weights},
+                                                   {"all_reduce{batch,expert}", others}});
+    // Each moves one device's slots [B, E, C, D] / 4 devices.
+    const std::int64_t C = nn::MixtureOfExperts{"", c.d_model, 4 * c.d_model, c.experts, c.top_k, c.capacity_factor}.capacity(c.seq);
+    for (const auto& col : spmd.collectives())
+      if (col.collective.kind == CK::all_to_all) {
+        CHECK(col.bytes == batch * c.experts * C * c.d_model * 4 / 4);
+        CHECK(col.collective.reason.find("ep(expert)") != std::string::npos);
+      }
+    CHECK(input_layout(spmd, "params/layers/0/moe/experts/w1").dims[0] == AxisList{"expert"});
+    CHECK(input_layout(spmd, "params/layers/0/moe/router") == Sharding::replicated(2));
+  }
+}
+
+TEST_CASE("differential: MoE train steps under expert parallelism and its compositions equal the single-device step") {
+  const std::vector<PlanCase> cases = {
+      {"ep 4", Mesh{{"expert", 4}}, parse_schedule("ep")},
+      {"bp,ep 2x2", Mesh{{"batch", 2}, {"expert", 2}}, parse_schedule("bp,ep")},
+      {"ep,mp 2x2", Mesh{{"expert", 2}, {"model", 2}}, parse_schedule("ep,mp")},
+      {"bp,ep,z3 2x2", Mesh{{"batch", 2}, {"expert", 2}}, parse_schedule("bp,ep,z3")},
+      {"bp,ep,mp 2x2x2", Mesh{{"batch", 2}, {"expert", 2}, {"model", 2}}, parse_schedule("bp,ep,mp")},
+      {"bp,ep,mp,z3 2x2x2", Mesh{{"batch", 2}, {"expert", 2}, {"model", 2}}, parse_schedule("bp,ep,mp,z3")},
+  };
+  for (int top_k : {1, 2}) {
+    CAPTURE(top_k);
+    check_plans(train(with_experts(top_k), 1e-3), cases, 32, static_cast<std::uint64_t>(10 * top_k));
+  }
 }

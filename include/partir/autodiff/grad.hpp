@@ -289,6 +289,10 @@ inline std::vector<ValueId> grad(Program& p, ValueId loss, const std::vector<Val
     const auto& g = adjoint[static_cast<std::size_t>(v)];
     if (!g) continue;
     const Op op = p.op(v);
+    // The cotangent of a tagged value is tagged grad/<tag>, so a tactic can lay out the backward pass at the
+    // same boundary (as a sharding constraint's transpose is one in GSPMD). A value already named keeps it.
+    if (op.kind != OpKind::input && !op.name.empty() && p.op(*g).kind != OpKind::input && p.op(*g).name.empty())
+      p.tag(*g, "grad/" + op.name);
     const ValueId first = static_cast<ValueId>(p.size());
     detail::vjp(p, v, op, Tensor{p, *g}, needs, [&](std::size_t i, const Tensor& contribution) {
       auto& slot = adjoint[static_cast<std::size_t>(op.operands[i])];

@@ -6,10 +6,13 @@
 //   params/layers/<i>/ln1/{gamma,beta}  params/layers/<i>/attn/{wq,wk,wv,wo}, {bq,bv,bo} (with bias)
 //   params/layers/<i>/ln2/{gamma,beta}  params/layers/<i>/mlp/{w1,b1,w2,b2}
 //   params/ln_f/{gamma,beta}            params/head/w [D, V] (untied only)
+//   params/layers/<i>/moe/{router, experts/{w1,b1,w2,b2}} in place of mlp/ when config.experts > 0
 // Multi-query attention (Shazeer 2019) keeps the query heads but shares one K/V head ([D, D/H] weights):
 // it shrinks the K/V a decoder has to keep, and it is what the multi_query preset shards.
 #include <cmath>
+#include <optional>
 
+#include "partir/dsl/moe.hpp"
 #include "partir/dsl/nn.hpp"
 
 namespace partir::nn {
@@ -91,18 +94,30 @@ struct GptConfig {
   bool tied = true;       // output projection = the token table, transposed
   bool bias = true;       // attention biases (the MLP always has them)
   bool multi_query = false;
+  // Mixture of experts (dsl/moe.hpp) in place of every block's MLP when experts > 0; the loss adds
+  // aux_loss_weight times the layers' load-balancing losses (Switch Transformer's 0.01).
+  std::int64_t experts = 0;
+  int top_k = 1;
+  double capacity_factor = 1.25;
+  double aux_loss_weight = 0.01;
 };
 
-// One pre-LayerNorm block: x + attn(ln1(x)), then + mlp(ln2(x)). Its output is marked `name/out` (the block
-// boundary that remat's blocks policy keeps).
+// One pre-LayerNorm block: x + attn(ln1(x)), then + mlp(ln2(x)) (or + moe(ln2(x)), whose load-balancing loss is
+// added to *aux). Its output is marked `name/out` (the block boundary that remat's blocks policy keeps).
 struct TransformerBlock {
   std::string name;  // e.g. params/layers/3
   GptConfig config;
-  Tensor operator()(Tensor x) const {
-    const auto D = config.d_model;
+  Tensor operator()(Tensor x, std::optional<Tensor>* aux = nullptr) const {
+    const auto D = config.d_model, H = config.d_ff > 0 ? config.d_ff : 4 * D;
     x = x + Attention{name + "/attn", D, config.heads, config.bias, config.multi_query}(LayerNorm{name + "/ln1", D}(x));
-    Mlp mlp{name + "/mlp", {D, config.d_ff > 0 ? config.d_ff : 4 * D, D}, [](const Tensor& h) { return gelu(h); }};
-    return checkpoint_name(x + mlp(LayerNorm{name + "/ln2", D}(x)), name + "/out");
+    const Tensor normed = LayerNorm{name + "/ln2", D}(x);
+    if (config.experts > 0) {
+      const MoeOutput moe = MixtureOfExperts{name + "/moe", D, H, config.experts, config.top_k, config.capacity_factor}(normed);
+      if (aux) *aux = *aux ? **aux + moe.aux_loss : moe.aux_loss;
+      return checkpoint_name(x + moe.y, name + "/out");
+    }
+    Mlp mlp{name + "/mlp", {D, H, D}, [](const Tensor& h) { return gelu(h); }};
+    return checkpoint_name(x + mlp(normed), name + "/out");
   }
 };
 
@@ -110,8 +125,9 @@ struct Gpt {
   GptConfig config;
   std::string name = "params";
 
-  // tokens [B, S] i32 (S = config.seq) -> logits [B, S, vocab]
-  Tensor logits(const Tensor& tokens) const {
+  // tokens [B, S] i32 (S = config.seq) -> logits [B, S, vocab]; the experts' load-balancing losses summed into
+  // *aux (left empty without experts).
+  Tensor logits(const Tensor& tokens, std::optional<Tensor>* aux = nullptr) const {
     const auto& c = config;
     if (tokens.rank() != 2 || tokens.dtype() != DType::i32 || tokens.dim(1) != c.seq)
       user_error("Gpt: tokens must be i32 [batch, " + std::to_string(c.seq) + "], got " + to_string(tokens.type()));
@@ -119,7 +135,7 @@ struct Gpt {
     // The position table is added whole (every window starts at position 0), so it needs no lookup.
     Tensor x = checkpoint_name(tok_embed(tokens) + param(name + "/pos_embed", {c.seq, c.d_model}, normal_init(0.02)),
                                name + "/embed");
-    for (std::int64_t i = 0; i < c.layers; ++i) x = TransformerBlock{name + "/layers/" + std::to_string(i), c}(x);
+    for (std::int64_t i = 0; i < c.layers; ++i) x = TransformerBlock{name + "/layers/" + std::to_string(i), c}(x, aux);
     x = LayerNorm{name + "/ln_f", c.d_model}(x);
     if (!c.tied) return dense(x, name + "/head/w", "", c.d_model, c.vocab, false);
     // The table is N(0, 1), so the tied projection is scaled by 1/sqrt(D) to give logits of unit scale,
@@ -128,8 +144,13 @@ struct Gpt {
     return dot_general(x * (1.0 / std::sqrt(static_cast<double>(c.d_model))), table, {{}, {}, {2}, {1}});
   }
 
-  // Mean next-token cross-entropy: targets [B, S] i32 are the tokens shifted by one.
-  Tensor loss(const Tensor& tokens, const Tensor& targets) const { return cross_entropy(logits(tokens), targets); }
+  // Mean next-token cross-entropy (targets [B, S] i32 are the tokens shifted by one), plus the weighted
+  // load-balancing loss of the experts if any.
+  Tensor loss(const Tensor& tokens, const Tensor& targets) const {
+    std::optional<Tensor> aux;
+    const Tensor loss = cross_entropy(logits(tokens, &aux), targets);
+    return aux ? loss + config.aux_loss_weight * *aux : loss;
+  }
 };
 
 }  // namespace partir::nn

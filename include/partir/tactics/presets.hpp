@@ -3,7 +3,13 @@
 //   data_parallel(axis)  BP: every data input tiled on its batch dim (dim 0)
 //   megatron(axis)       MP: Megatron-LM tensor parallelism by parameter names: the first matmul of a block
 //                        (…/w1, attention …/wq …/wk …/wv) tiled on its output features (last dim, with bias
-//                        …/b1), the second (…/w2, …/wo) on its input features (dim 0)
+//                        …/b1), the second (…/w2, …/wo) on its input features (the dim before the last), so
+//                        stacked expert weights [E, in, out] split inside each expert
+//   expert_parallel(axis) EP: GShard's expert parallelism: every data input tiled on its batch dim (as BP) and
+//                        every expert weight (params/**/experts/*, as nn::MixtureOfExperts names them) on
+//                        dim 0, the experts; the MoE layers' hand-over values (…/dispatched, …/returned by
+//                        group; …/expert_in, …/expert_out by expert; and their grad/ cotangents) fix each
+//                        side's layout, so tokens cross devices by one all_to_all each way per layer and pass
 //   zero2(axis)          Z2: optimizer state tiled on `axis`; the gradient all_reduce becomes a
 //                        reduce_scatter and the updated parameters are all-gathered
 //   zero3(axis)          Z3: parameters too; each is all-gathered where it is used
@@ -47,9 +53,9 @@ struct Megatron {
   std::string name() const { return "megatron(" + axis + ")"; }
   void apply(PartitionState& s) const {
     static const std::vector<std::pair<const char*, std::int64_t>> layout = {
-        {"params/**/w1", -1}, {"params/**/b1", 0},  {"params/**/wq", -1}, {"params/**/wk", -1},
-        {"params/**/wv", -1}, {"params/**/bq", 0},  {"params/**/bk", 0},  {"params/**/bv", 0},
-        {"params/**/w2", 0},  {"params/**/wo", 0}};
+        {"params/**/w1", -1}, {"params/**/b1", -1}, {"params/**/wq", -1}, {"params/**/wk", -1},
+        {"params/**/wv", -1}, {"params/**/bq", -1}, {"params/**/bk", -1}, {"params/**/bv", -1},
+        {"params/**/w2", -2}, {"params/**/wo", -2}};
     const int a = s.axis(axis);
     const NameIndex names(s.program());
     int tiled = 0;
@@ -104,6 +110,35 @@ struct Zero {
   friend bool operator==(const Zero&, const Zero&) = default;
 };
 
+struct ExpertParallel {
+  std::string axis;
+  std::string name() const { return "ep(" + axis + ")"; }
+  void apply(PartitionState& s) const {
+    const int a = s.axis(axis);
+    const NameIndex names(s.program());
+    std::vector<ValueId> experts;
+    for (ValueId v : names.select("params/**/experts/*"))
+      if (s.program().op(v).kind == OpKind::input) experts.push_back(v);
+    if (experts.empty())
+      user_error(s.tactic_label() + ": no parameter of '" + s.program().name() +
+                 "' is an expert weight (params/**/experts/*, as nn::MixtureOfExperts names them)");
+    for (ValueId v : experts) {
+      AxisList axes = s.sharding(v).dims.at(0);
+      axes.push_back(axis);
+      const std::int64_t count = s.program().type(v).shape.at(0), tiles = tile_count(axes, s.mesh());
+      if (count % tiles != 0)
+        user_error(s.tactic_label() + ": " + s.program().op(v).name + " holds " + std::to_string(count) +
+                   " experts, not divisible by " + to_string(axes) + " (" + std::to_string(tiles) +
+                   " tiles): expert parallelism gives each device whole experts");
+    }
+    DataParallel{axis}.apply(s);
+    for (ValueId v : experts) s.tile(v, 0, a);
+    for (const char* selector : {"**/dispatched", "**/returned", "**/expert_in", "**/expert_out"})
+      for (ValueId v : names.select(selector)) s.tile(v, 0, a);
+  }
+  friend bool operator==(const ExpertParallel&, const ExpertParallel&) = default;
+};
+
 struct MultiQuery {
   std::string axis;
   std::string name() const { return "mq(" + axis + ")"; }
@@ -138,12 +173,14 @@ inline ManualPartition embedding(std::string axis, std::int64_t dim = 0) {
   return {{{"params/**/table", dim}}, std::move(axis), std::move(label)};
 }
 inline MultiQuery multi_query(std::string axis) { return {std::move(axis)}; }
+inline ExpertParallel expert_parallel(std::string axis) { return {std::move(axis)}; }
 
-// "bp,mp,z3" with BP and ZeRO on `batch_axis`, MP, EMB and MQ on `model_axis` and PP (1F1B; pp:gpipe for
-// GPipe) on `stage_axis` (the examples' --schedule flag). "auto:<axis>" (or "auto", on `model_axis`) is an AutomaticPartition with default settings whose
+// "bp,mp,z3" with BP and ZeRO on `batch_axis`, MP, EMB and MQ on `model_axis`, EP on `expert_axis` and PP
+// (1F1B; pp:gpipe for GPipe) on `stage_axis` (the examples' --schedule flag). "auto:<axis>" (or "auto", on `model_axis`) is an AutomaticPartition with default settings whose
 // `report` is set, so a caller can print what it chose.
 inline Schedule parse_schedule(std::string_view text, const std::string& batch_axis = "batch",
-                               const std::string& model_axis = "model", const std::string& stage_axis = "stage") {
+                               const std::string& model_axis = "model", const std::string& stage_axis = "stage",
+                               const std::string& expert_axis = "expert") {
   Schedule out;
   std::size_t start = 0;
   while (start < text.size()) {
@@ -157,6 +194,7 @@ inline Schedule parse_schedule(std::string_view text, const std::string& batch_a
     else if (item == "pp" || item == "pp:1f1b") out.push_back(pipeline(stage_axis));
     else if (item == "pp:gpipe") out.push_back(pipeline(stage_axis, PipelineSchedule::gpipe));
     else if (item == "mq") out.push_back(multi_query(model_axis));
+    else if (item == "ep") out.push_back(expert_parallel(expert_axis));
     else if (item == "auto" || item.starts_with("auto:")) {
       const std::string axis = item == "auto" ? model_axis : std::string(item.substr(5));
       if (axis.empty()) user_error("schedule '" + std::string(text) + "': 'auto:' needs an axis, as in auto:model");
@@ -165,7 +203,7 @@ inline Schedule parse_schedule(std::string_view text, const std::string& batch_a
     }
     else if (item != "none")
       user_error("schedule '" + std::string(text) + "': unknown tactic '" + std::string(item) +
-                 "' (expected none, bp, mp, z2, z3, emb, mq, pp, pp:gpipe, auto:<axis>)");
+                 "' (expected none, bp, mp, z2, z3, emb, mq, ep, pp, pp:gpipe, auto:<axis>)");
     start = end + 1;
   }
   return out;
