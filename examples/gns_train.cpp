@@ -146,12 +146,7 @@ int main(int argc, char** argv) {
     if (examples::lead_process())
       examples::print_plan_summary(std::cout, plan, spmd, run.schedule, "params/processor/0/edge/in0/w1");
     auto next_batch = [&](long s) { return systems_at(graphs, particles, neighbours, static_cast<std::uint64_t>(seed), s); };
-    examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), M, run.report_path(),
-                                  "gns_train mesh " + mesh.to_string() + " schedule " + run.schedule + " backend " +
-                                      run.backend + " precision " + std::string(name_of(precision.compute)),
-                                  run.checkpoint, loop.log_every_for(steps), recipe};
-    options.plot_dir = loop.plot_dir;
-    options.profile = loop.profile;
+    const examples::LoopOptions options = examples::loop_options("gns_train", run, loop, recipe, mesh, steps, seed, M);
     examples::run_on_backend(run.backend, mesh.num_devices(), argc, argv,
                              [&](auto& c) { examples::train(p::Executable(spmd, c), next_batch, options); });
   } catch (const p::UserError& e) {

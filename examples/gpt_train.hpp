@@ -76,13 +76,8 @@ inline int train_main(int argc, char** argv, const TrainDefaults& defaults) {
     // the forward pass does not read).
     const p::Program eval = gpt::eval_program(model, batch, precision);
     const p::SpmdProgram eval_spmd = p::lower(p::partition(eval, mesh, p::parse_schedule(examples::without_tactic(run.schedule, "z2"))));
-    examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), batch * seq, run.report_path(),
-                                  defaults.name + " mesh " + mesh.to_string() + " schedule " + run.schedule + " backend " +
-                                      run.backend + " precision " + std::string(name_of(precision.compute)),
-                                  run.checkpoint, loop.log_every_for(steps), recipe,
-                                  eval_every > 0 ? eval_every : std::max(1L, steps / 5)};
-    options.plot_dir = loop.plot_dir;
-    options.profile = loop.profile;
+    examples::LoopOptions options = examples::loop_options(defaults.name, run, loop, recipe, mesh, steps, seed, batch * seq);
+    options.validate_every = eval_every > 0 ? eval_every : std::max(1L, steps / 5);
     auto next_batch = [&](long s) { return gpt::batch_at(train_text, batch, seq, static_cast<std::uint64_t>(seed), s); };
 
     auto train = [&]<p::Communicator C>(C& comm) {

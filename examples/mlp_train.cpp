@@ -65,12 +65,7 @@ int main(int argc, char** argv) {
       return p::NamedArrays{{"x", p::Array({batch, features}, std::move(x))},
                             {"y", p::Array({batch, features}, std::move(y))}};
     };
-    examples::LoopOptions options{steps, static_cast<std::uint64_t>(seed), batch, run.report_path(),
-                                  "mlp_train mesh " + mesh.to_string() + " schedule " + run.schedule + " backend " +
-                                      run.backend + " precision " + std::string(name_of(precision.compute)),
-                                  run.checkpoint, loop.log_every_for(steps), recipe};
-    options.plot_dir = loop.plot_dir;
-    options.profile = loop.profile;
+    examples::LoopOptions options = examples::loop_options("mlp_train", run, loop, recipe, mesh, steps, seed, batch);
     // The same steps on one device (the interpreter, from the same initial state and batches): the partitioned
     // run must end with the same parameters and loss, up to float rounding in a different order.
     if (check)

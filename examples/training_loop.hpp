@@ -102,6 +102,18 @@ struct LoopOptions {
   std::string profile = "auto";
 };
 
+// The options every example takes from its flags alike; `example` names it in the report's label.
+inline LoopOptions loop_options(const std::string& example, const RunFlags& run, const LoopFlags& loop,
+                                const Recipe& recipe, const p::Mesh& mesh, long steps, long seed, long tokens_per_step) {
+  LoopOptions o{steps, static_cast<std::uint64_t>(seed), tokens_per_step, run.report_path(),
+                example + " mesh " + mesh.to_string() + " schedule " + run.schedule + " backend " + run.backend +
+                    " precision " + std::string(name_of(loop.mixed_precision().compute)),
+                run.checkpoint, loop.log_every_for(steps), recipe};
+  o.plot_dir = loop.plot_dir;
+  o.profile = loop.profile;
+  return o;
+}
+
 // The --profile the prediction uses. auto: $PARTIR_PROFILE, else this machine's cached calibration (CPU
 // backends; a GPU backend takes its GPU's datasheet profile).
 template <p::Communicator C>

@@ -239,6 +239,84 @@ TEST_CASE("autodiff: gather and scatter_add with repeated indices") {
   }
 }
 
+// A convolution computed directly from its definition (ConvDims in ir/op.hpp), in f64.
+Array conv_reference(const Array& x, const Array& w, const ConvDims& c, const std::vector<std::int64_t>& lo, const Shape& out) {
+  const std::size_t spatial = x.shape().size() - 2;
+  const std::int64_t C = x.shape().back(), O = w.shape().back();
+  Array r({out, DType::f64});
+  std::vector<std::int64_t> p(spatial), k(spatial), q(spatial);
+  for (std::int64_t i = 0; i < r.size(); ++i) {
+    std::int64_t rest = i;
+    const std::int64_t o = rest % O;
+    rest /= O;
+    for (std::size_t d = spatial; d-- > 0;) p[d] = rest % out[d + 1], rest /= out[d + 1];
+    const std::int64_t n = rest;
+    double sum = 0;
+    const std::int64_t taps = w.size() / (C * O);
+    for (std::int64_t t = 0; t < taps; ++t) {
+      std::int64_t left = t;
+      for (std::size_t d = spatial; d-- > 0;) k[d] = left % w.shape()[d], left /= w.shape()[d];
+      bool inside = true;
+      std::int64_t at = n;
+      for (std::size_t d = 0; d < spatial; ++d) {
+        const std::int64_t tap = c.flip ? w.shape()[d] - 1 - k[d] : k[d];
+        const std::int64_t dilated = p[d] * c.strides[d] + tap * c.rhs_dilation[d] - lo[d];
+        inside = inside && dilated >= 0 && dilated % c.lhs_dilation[d] == 0 && dilated / c.lhs_dilation[d] < x.shape()[d + 1];
+        at = at * x.shape()[d + 1] + (inside ? dilated / c.lhs_dilation[d] : 0);
+      }
+      if (!inside) continue;
+      for (std::int64_t ch = 0; ch < C; ++ch) sum += x.at(at * C + ch) * w.at((t * C + ch) * O + o);
+    }
+    r.set(i, sum);
+  }
+  return r;
+}
+
+TEST_CASE("convolution: strides, padding (negative too), both dilations and a flipped window, against the definition") {
+  std::mt19937_64 gen(12);
+  struct Case {
+    Shape x, w;
+    ConvDims dims;
+    std::vector<std::int64_t> lo, hi;
+  };
+  const std::vector<Case> cases = {
+      {{2, 5, 6, 3}, {3, 2, 3, 4}, {{2, 1}, {1, 1}, {1, 2}}, {1, 0}, {1, 2}},
+      {{3, 7, 2}, {2, 2, 5}, {{3}, {1}, {1}}, {2}, {0}},
+      {{1, 4, 4, 2}, {2, 2, 2, 3}, {{1, 2}, {2, 3}, {1, 1}, true}, {1, 0}, {-1, 2}},
+      {{2, 3, 3, 1}, {3, 3, 1, 2}, {{1, 1}, {1, 1}, {1, 1}}, {1, 1}, {1, 1}},
+  };
+  for (const auto& k : cases) {
+    CAPTURE(to_string(k.x));
+    const Program f = trace(
+        "conv", [&](Tensor x, Tensor w) { return conv_general(x, w, k.dims, k.lo, k.hi); },
+        {f64("x", k.x), f64("w", k.w)});
+    const NamedArrays in{{"x", uniform(gen, k.x)}, {"w", uniform(gen, k.w)}};
+    const Array got = interpret(f, in).begin()->second;
+    const Array expect = conv_reference(in.at("x"), in.at("w"), k.dims, k.lo, got.shape());
+    for (std::int64_t i = 0; i < got.size(); ++i) CHECK(got.at(i) == doctest::Approx(expect.at(i)).epsilon(1e-12));
+  }
+  // f32 through the same kernel, and the TensorFlow spelling: 'same' padding keeps the size at stride 1.
+  const Program same = trace("same", [](Tensor x, Tensor w) { return conv(x, w, {.padding_low = {1, 1}, .padding_high = {1, 1}}); },
+                             {{"x", {2, 5, 4, 3}}, {"w", {3, 3, 3, 6}}});
+  CHECK(same.type(same.outputs().at(0).value) == TensorType{{2, 5, 4, 6}, DType::f32});
+}
+
+TEST_CASE("autodiff: convolution") {
+  std::mt19937_64 gen(13);
+  auto check_conv = [&](Shape xs, Shape ws, ConvWindow window) {
+    CAPTURE(to_string(xs));
+    check_binary([&](const Tensor& x, const Tensor& w) { return conv(x, w, window); }, uniform(gen, xs), uniform(gen, ws));
+  };
+  SUBCASE("stride 1, same padding") { check_conv({2, 4, 5, 3}, {3, 3, 3, 2}, {.padding_low = {1, 1}, .padding_high = {1, 1}}); }
+  SUBCASE("strides, odd sizes, padding that crops the gradient") {
+    check_conv({2, 6, 5, 2}, {3, 2, 2, 3}, {.strides = {2, 3}, .padding_low = {1, 0}, .padding_high = {0, 2}});
+  }
+  SUBCASE("dilation and a stride larger than the window") {
+    check_conv({1, 7, 3}, {2, 3, 2}, {.strides = {3}, .padding_low = {2}, .padding_high = {0}, .dilation = {2}});
+  }
+  SUBCASE("valid padding, 3 spatial dims") { check_conv({1, 3, 4, 3, 2}, {2, 3, 2, 2, 2}, {}); }
+}
+
 TEST_CASE("autodiff: composite functions") {
   std::mt19937_64 gen(9);
   SUBCASE("softmax") { check_unary([](const Tensor& x) { return softmax(x); }, uniform(gen, {3, 4}, -2, 2)); }

@@ -620,6 +620,33 @@ TEST_CASE("catalog: mixture of experts and expert parallelism") {
                        UserError);
 }
 
+TEST_CASE("catalog: convolutions") {
+  // E105 a convolution's kernel that does not fit its input: rank, features, window; a gradient it cannot take
+  auto conv_of = [](Shape x, Shape w, ConvWindow window = {}) {
+    return trace("c", [&](Tensor a, Tensor b) { return conv(a, b, window); }, {{"x", std::move(x)}, {"w", std::move(w)}});
+  };
+  CHECK_THROWS_WITH_AS(conv_of({2, 5, 5, 3}, {3, 3, 3}),
+                       "convolution: kernel f32[3,3,3] must be [window..., in features, out features], of the input's "
+                       "rank 4 (input f32[2,5,5,3])",
+                       UserError);
+  CHECK_THROWS_WITH_AS(conv_of({2, 5, 5, 3}, {3, 3, 4, 8}),
+                       "convolution: kernel f32[3,3,4,8] reads 4 features, input f32[2,5,5,3] has 3", UserError);
+  CHECK_THROWS_WITH_AS(conv_of({2, 2, 5, 3}, {3, 3, 3, 8}),
+                       "convolution: window of 3 on spatial dim 0 does not fit the padded input of 2 (f32[2,2,5,3], "
+                       "kernel f32[3,3,3,8])",
+                       UserError);
+  CHECK_THROWS_WITH_AS(conv_of({2, 5, 5, 3}, {3, 3, 3, 8}, {.strides = {1}}),
+                       "convolution: needs a stride, dilations and padding for each of the 2 spatial dims of f32[2,5,5,3]",
+                       UserError);
+  const Program dilated = trace(
+      "g", [](Tensor x, Tensor w) { return NamedTensors{{"loss", sum(conv_general(x, w, {{1}, {2}, {1}}, {0}, {0}))}}; },
+      {{"x", {1, 4, 2}}, {"w", {2, 2, 3}}});
+  CHECK_THROWS_WITH_AS(value_and_grad(dilated, "loss", {"x"}),
+                       "grad: the input gradient of a convolution with input dilation is not supported (partir "
+                       "differentiates a convolution once, not its gradients)",
+                       UserError);
+}
+
 TEST_CASE("catalog: hardware profiles and command lines (nlohmann-json and CLI11 errors in partir's wording)") {
   // E101 a malformed or mistyped hardware profile names the file, the place and the rule
   const std::string path = "test_errors_profile.json";

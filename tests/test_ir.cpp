@@ -64,7 +64,10 @@ TEST_CASE("printer: every attribute form") {
     Tensor m = compare(c, c, CompareDir::lt);
     Tensor g = gather(x, ids);
     Tensor b = dot_general(x, x, {{1}, {1}, {0}, {0}});
-    return NamedTensors{{"m", m}, {"g", g}, {"b", b}, {"k", constant(x.program(), {1, 2}, {2})}};
+    Tensor image = reshape(x, {1, 4, 3});
+    Tensor kernel = reshape(x, {2, 3, 2});
+    Tensor v = conv_general(image, kernel, {{2}, {1}, {1}, true}, {1}, {-1});
+    return NamedTensors{{"m", m}, {"g", g}, {"b", b}, {"v", v}, {"k", constant(x.program(), {1, 2}, {2})}};
   }, {{"x", {4, 3}}, {"ids", {2}, DType::i32}});
   const std::string text = to_string(p);
   CHECK(text.find("transpose %0 {perm=[1,0]} : f32[3,4]") != std::string::npos);
@@ -75,6 +78,8 @@ TEST_CASE("printer: every attribute form") {
   CHECK(text.find("gather %0, %1 : f32[2,3]") != std::string::npos);
   CHECK(text.find("dot_general %0, %0 {batch=[1]x[1], contract=[0]x[0]} : f32[3]") != std::string::npos);
   CHECK(text.find("constant {values=[1,2]} : f32[2]") != std::string::npos);
+  CHECK(text.find("convolution %9, %10 {strides=[2], low=[1], high=[-1], lhs_dilation=[1], rhs_dilation=[1], flip} : "
+                  "f32[1,2,2]") != std::string::npos);
 }
 
 TEST_CASE("verifier: rejects a stored type that differs from the inferred one") {

@@ -97,6 +97,16 @@ TEST_CASE("cost model: FLOPs from the rule's iteration space, bytes read and wri
   CHECK(sum.flops == 20);
   CHECK(sum.bytes == (20 + 4) * 4);
 
+  // A 3x3 convolution [2, 8, 8, 3] -> [2, 4, 4, 5] at stride 2: a multiply-add per output element, tap and
+  // input feature; its im2col GEMM per image is [16 positions, 27] x [27, 5].
+  Attrs window;
+  window.conv = {{2, 2}, {1, 1}, {1, 1}};
+  window.lo = window.hi = {1, 1};
+  const std::vector<TensorType> conv_in{{{2, 8, 8, 3}}, {{3, 3, 3, 5}}};
+  const Work conv = local_work(local_op(OpKind::convolution, {0, 1}, {{2, 4, 4, 5}}, window), conv_in);
+  CHECK(conv.flops == 2 * (2 * 4 * 4 * 5) * (3 * 3 * 3));
+  CHECK(conv.gemm_dim == 5);
+
   Attrs perm;
   perm.dims = {1, 0};
   const Work t = local_work(local_op(OpKind::transpose, {0}, {{5, 4}}, perm), matrix);

@@ -1111,3 +1111,35 @@ TEST_CASE("differential: MoE train steps under expert parallelism and its compos
     check_plans(train(with_experts(top_k), 1e-3), cases, 32, static_cast<std::uint64_t>(10 * top_k));
   }
 }
+
+// ---- convolution ----
+
+TEST_CASE("convolution: split by batch and by channels (Megatron's layout on HWIO kernels); spatial tiling stops with why") {
+  const std::int64_t N = 8;
+  const Program step = train_step(
+      [](Tensor x, Tensor y) {
+        const Tensor w1 = param("params/conv/w1", {3, 3, 3, 8}, normal_init(0.2));
+        const Tensor w2 = param("params/conv/w2", {3, 3, 8, 4}, normal_init(0.1));
+        const Tensor h = relu(conv(x, w1, {.padding_low = {1, 1}, .padding_high = {1, 1}}));  // [N, 6, 6, 8]
+        return mse(conv(h, w2, {.strides = {2, 2}}), y);                                       // [N, 2, 2, 4]
+      },
+      Adam{1e-2, 0.9, 0.999, 1e-3}, {{"x", {N, 6, 6, 3}}, {"y", {N, 2, 2, 4}}});
+  // Output channels of w1 and input channels of w2 on 'model': one all_reduce, of the second conv's partial
+  // sums (x is data, so no input gradient needs one); under BP the two kernel gradients.
+  CHECK(plan(lower(partition(step, Mesh{{"model", 2}}, {megatron("model")}))) ==
+        std::map<std::string, int>{{"all_reduce{model}", 1}});
+  CHECK(plan(lower(partition(step, Mesh{{"batch", 4}}, {data_parallel("batch")}))) ==
+        std::map<std::string, int>{{"all_reduce{batch}", 2}});
+  // A spatial dim tiled: propagation stops at the first convolution and says why; lowering gathers the rows.
+  const Schedule rows{ManualPartition{{{"x", 1}}, "batch"}};
+  const Partitioned spatial = partition(step, Mesh{{"batch", 2}}, rows);
+  REQUIRE(!spatial.history().back().stops.empty());
+  CHECK(spatial.history().back().stops.front().reason.find("halo exchange") != std::string::npos);
+  check_plans(step,
+              {{"bp 4", Mesh{{"batch", 4}}, parse_schedule("bp")},
+               {"bp,mp 2x2", square, parse_schedule("bp,mp")},
+               {"bp,mp,z3 2x2", square, parse_schedule("bp,mp,z3")},
+               {"bp,z2 4", Mesh{{"batch", 4}}, parse_schedule("bp,z2")},
+               {"rows tiled 2", Mesh{{"batch", 2}}, rows}},
+              1, 40);
+}

@@ -86,6 +86,64 @@ inline Tensor dot_general_vjp(const Tensor& g, const Tensor& other, std::int64_t
   return transpose(r, std::move(perm));
 }
 
+// The gradients of a convolution (ConvDims in op.hpp), both convolutions again (XLA's rules). Per spatial dim
+// with stride s, window K taps d apart, padding lo, input size X and output size P:
+//   dx: g dilated by s, convolved with the kernel flipped and its features swapped, padding (K-1)d - lo
+//       before and X - 1 - (P-1)s + lo after, stride 1;
+//   dw: x with batch and features swapped ([C, X..., N]) convolved with g as the kernel ([P..., N, O]), taps
+//       s apart, stride d, padding lo before and (K-1)d + (P-1)s + 1 - X' - lo after (X' the dilated input).
+// The gradients of those (second derivatives) are not supported: partir differentiates a convolution once.
+template <class Needed, class Accumulate>
+void conv_vjp(const Op& op, const Tensor& x, const Tensor& w, const Tensor& g, Needed&& needed, Accumulate&& accumulate) {
+  const ConvDims c = op.attrs.conv;  // copies: the ops added below may move the program's attributes
+  const std::vector<std::int64_t> lo = op.attrs.lo;
+  const Shape xs = x.shape(), ws = w.shape(), gs = g.shape();
+  const auto spatial = static_cast<std::int64_t>(xs.size()) - 2;
+  auto unsupported = [&](const char* what) {
+    user_error(std::string("grad: the ") + what + " gradient of a convolution with " +
+               (c.flip ? "a flipped window" : "input dilation") +
+               " is not supported (partir differentiates a convolution once, not its gradients)");
+  };
+  auto dims = [](std::int64_t first, std::int64_t count) {
+    std::vector<std::int64_t> v(static_cast<std::size_t>(count));
+    std::iota(v.begin(), v.end(), first);
+    return v;
+  };
+  if (needed(0)) {
+    if (std::any_of(c.lhs_dilation.begin(), c.lhs_dilation.end(), [](auto l) { return l != 1; })) unsupported("input");
+    std::vector<std::int64_t> swap = dims(0, spatial), low, high;  // w -> [window..., O, C]
+    swap.push_back(spatial + 1);
+    swap.push_back(spatial);
+    for (std::int64_t i = 0; i < spatial; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      low.push_back((ws[k] - 1) * c.rhs_dilation[k] - lo[k]);
+      high.push_back(xs[k + 1] - 1 - (gs[k + 1] - 1) * c.strides[k] + lo[k]);
+    }
+    accumulate(0, conv_general(g, transpose(w, std::move(swap)),
+                               {std::vector<std::int64_t>(static_cast<std::size_t>(spatial), 1), c.strides, c.rhs_dilation, !c.flip},
+                               std::move(low), std::move(high)));
+  }
+  if (needed(1)) {
+    if (c.flip) unsupported("kernel");
+    std::vector<std::int64_t> features_first{spatial + 1}, positions = dims(1, spatial), high;
+    for (auto d : dims(1, spatial)) features_first.push_back(d);
+    features_first.push_back(0);  // x -> [C, X..., N]
+    positions.push_back(0);
+    positions.push_back(spatial + 1);  // g -> [P..., N, O]
+    for (std::int64_t i = 0; i < spatial; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      const std::int64_t dilated = (xs[k + 1] - 1) * c.lhs_dilation[k] + 1;
+      high.push_back((ws[k] - 1) * c.rhs_dilation[k] + (gs[k + 1] - 1) * c.strides[k] + 1 - dilated - lo[k]);
+    }
+    const Tensor dw = conv_general(transpose(x, std::move(features_first)), transpose(g, std::move(positions)),
+                                   {c.rhs_dilation, c.lhs_dilation, c.strides, false}, lo, std::move(high));  // [C, K..., O]
+    std::vector<std::int64_t> back = dims(1, spatial);
+    back.push_back(0);
+    back.push_back(spatial + 1);
+    accumulate(1, transpose(dw, std::move(back)));
+  }
+}
+
 // Calls accumulate(i, contribution) for each operand i of op v that needs an adjoint, given v's adjoint g.
 // `op` is a copy: emitting ops grows the program and would invalidate a reference into it.
 template <class Accumulate>
@@ -242,6 +300,7 @@ void vjp(Program& p, ValueId v, const Op& op, const Tensor& g, const std::vector
       }
       return;
     }
+    case OpKind::convolution: conv_vjp(op, operand(0), operand(1), g, needed, accumulate); return;
     case OpKind::gather: accumulate(0, scatter_add(operand(1), g, operand(0).shape())); return;
     case OpKind::scatter_add: accumulate(1, gather(g, operand(0))); return;
   }

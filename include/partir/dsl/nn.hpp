@@ -18,6 +18,33 @@ inline Tensor dense(const Tensor& x, const std::string& w_name, const std::strin
   return bias ? y + param(b_name, {out}, zeros_init(), x.dtype()) : y;
 }
 
+// Convolution of x [N, spatial..., in] with kernel w_name [window..., in, out] ~ N(0, 1/fan_in) (fan_in: taps x in),
+// plus bias b_name [out] (zeros), with TensorFlow's 'same' padding: each spatial size becomes ceil(size / stride).
+// HWIO kernels put the output features last and the input features before them, as a dense layer's [in, out],
+// so Megatron's layout (megatron preset) splits a block's convolutions as it splits its matmuls.
+inline Tensor conv_layer(const Tensor& x, const std::string& w_name, const std::string& b_name,
+                         const std::vector<std::int64_t>& window, std::int64_t in, std::int64_t out,
+                         std::int64_t stride = 1, bool bias = true) {
+  if (x.rank() != static_cast<std::int64_t>(window.size()) + 2 || x.dim(-1) != in)
+    user_error("conv_layer '" + w_name + "': input " + to_string(x.type()) + " is not [batch, " +
+               std::to_string(window.size()) + " spatial dims, " + std::to_string(in) + " features]");
+  Shape kernel = window;
+  kernel.push_back(in);
+  kernel.push_back(out);
+  ConvWindow w;
+  double fan_in = static_cast<double>(in);
+  for (std::size_t d = 0; d < window.size(); ++d) {
+    const std::int64_t size = x.dim(static_cast<std::int64_t>(d) + 1), result = (size + stride - 1) / stride;
+    const std::int64_t total = std::max<std::int64_t>((result - 1) * stride + window[d] - size, 0);
+    w.strides.push_back(stride);
+    w.padding_low.push_back(total / 2);
+    w.padding_high.push_back(total - total / 2);
+    fan_in *= static_cast<double>(window[d]);
+  }
+  Tensor y = conv(x, param(w_name, std::move(kernel), normal_init(1.0 / std::sqrt(fan_in)), x.dtype()), w);
+  return bias ? y + param(b_name, {out}, zeros_init(), x.dtype()) : y;
+}
+
 struct Linear {
   std::string name;  // parameters: name/w, name/b
   std::int64_t in, out;

@@ -264,6 +264,30 @@ inline Tensor pad(const Tensor& x, std::vector<std::int64_t> low, std::vector<st
   a.hi = std::move(high);
   return detail::emit(x.program(), OpKind::pad, {x.id()}, std::move(a));
 }
+// The convolution op with every attribute given (autodiff's form); conv() below is the user's.
+inline Tensor conv_general(const Tensor& x, const Tensor& w, ConvDims dims, std::vector<std::int64_t> low,
+                           std::vector<std::int64_t> high) {
+  Attrs a;
+  a.conv = std::move(dims);
+  a.lo = std::move(low);
+  a.hi = std::move(high);
+  return detail::emit(detail::same_program(x, w, "convolution"), OpKind::convolution, {x.id(), w.id()}, std::move(a));
+}
+// Per spatial dim of a convolution: stride, zero padding before and after, and the window's dilation. Empty
+// lists mean 1, 0, 0 and 1 for every spatial dim.
+struct ConvWindow {
+  std::vector<std::int64_t> strides, padding_low, padding_high, dilation;
+};
+// x [N, spatial..., C] (NHWC) convolved with w [window..., C, O] (HWIO) -> [N, spatial'..., O]: as TensorFlow
+// and XLA compute it (cross-correlation: the window is not reversed).
+inline Tensor conv(const Tensor& x, const Tensor& w, const ConvWindow& window = {}) {
+  const auto spatial = static_cast<std::size_t>(std::max<std::int64_t>(x.rank() - 2, 0));
+  auto each = [&](const std::vector<std::int64_t>& v, std::int64_t fill) {
+    return v.empty() ? std::vector<std::int64_t>(spatial, fill) : v;
+  };
+  return conv_general(x, w, {each(window.strides, 1), each({}, 1), each(window.dilation, 1)},
+                      each(window.padding_low, 0), each(window.padding_high, 0));
+}
 inline Tensor concatenate(const std::vector<Tensor>& xs, std::int64_t axis) {
   if (xs.empty()) user_error("concatenate: needs at least one tensor");
   std::vector<ValueId> ids;

@@ -24,6 +24,7 @@ enum class OpKind : std::uint8_t {
   broadcast_in_dim, reshape, transpose, slice, pad, concatenate,
   gather, scatter_add,  // embedding lookup along dim 0 of the table, and its transpose
   add_n,  // the sum of any number of same-typed values (a global norm's terms: see sharding/rules.hpp)
+  convolution,  // x [N, spatial..., C] (NHWC) with w [window..., C, O] (HWIO) -> [N, spatial'..., O]
   count_
 };
 
@@ -52,7 +53,7 @@ inline const OpInfo& info(OpKind k) {
       {"transpose", OpClass::other, 1}, {"slice", OpClass::other, 1},
       {"pad", OpClass::other, 1},       {"concatenate", OpClass::other, -1},
       {"gather", OpClass::other, 2},    {"scatter_add", OpClass::other, 2},
-      {"add_n", OpClass::other, -1},
+      {"add_n", OpClass::other, -1},    {"convolution", OpClass::other, 2},
   }};
   return table[static_cast<std::size_t>(k)];
 }
@@ -94,12 +95,24 @@ struct DotDims {
   friend bool operator==(const DotDims&, const DotDims&) = default;
 };
 
+// convolution, per spatial dim (XLA's ConvGeneralDilated with a fixed layout and one feature group): output
+// position p reads the window at p * stride - padding low over the input dilated by lhs_dilation (zeros
+// between its elements; the input gradient of a strided convolution), the window's taps rhs_dilation apart.
+// flip reverses the window (a true convolution, as the input gradient reads the kernel). Padding (Attrs::lo
+// and hi) may be negative: it then crops.
+struct ConvDims {
+  std::vector<std::int64_t> strides, lhs_dilation, rhs_dilation;
+  bool flip = false;
+  friend bool operator==(const ConvDims&, const ConvDims&) = default;
+};
+
 // One flat attribute record; each op kind reads the fields its comment names.
 struct Attrs {
   DotDims dot;                      // dot_general
+  ConvDims conv;                    // convolution (padding in lo, hi)
   std::vector<std::int64_t> dims;   // reduce_*: reduced dims; broadcast_in_dim: result dim of each operand
                                     // dim; transpose: permutation (result dim i = operand dim dims[i])
-  std::vector<std::int64_t> lo, hi; // slice: start/limit; pad: low/high padding (zeros)
+  std::vector<std::int64_t> lo, hi; // slice: start/limit; pad, convolution: low/high padding (zeros)
   std::int64_t axis = 0;            // concatenate: the joined dim
   Shape shape;                      // broadcast_in_dim, reshape, constant, scatter_add: result shape
   DType dtype = DType::f32;         // convert, constant, input: result dtype

@@ -51,6 +51,10 @@ inline std::string attrs_str(const Op& op) {
     case OpKind::pad: return " {low=" + list_str(a.lo) + ", high=" + list_str(a.hi) + "}";
     case OpKind::concatenate: return " {axis=" + std::to_string(a.axis) + "}";
     case OpKind::compare: return " {" + std::string(name_of(a.cmp)) + "}";
+    case OpKind::convolution:
+      return " {strides=" + list_str(a.conv.strides) + ", low=" + list_str(a.lo) + ", high=" + list_str(a.hi) +
+             ", lhs_dilation=" + list_str(a.conv.lhs_dilation) + ", rhs_dilation=" + list_str(a.conv.rhs_dilation) +
+             (a.conv.flip ? ", flip}" : "}");
     default: return "";
   }
 }

@@ -190,6 +190,39 @@ inline TensorType infer_type(OpKind kind, std::span<const TensorType> in, const 
                     " and result " + to_string(a.shape));
       return {a.shape, in[1].dtype};
     }
+    case OpKind::convolution: {
+      const std::int64_t r = in[0].rank(), spatial = r - 2;
+      if (r < 3) return fail("input must be [batch, spatial..., features] (rank >= 3), got " + show(0));
+      if (in[1].rank() != r)
+        return fail("kernel " + show(1) + " must be [window..., in features, out features], of the input's rank " +
+                    std::to_string(r) + " (input " + show(0) + ")");
+      if (in[0].dtype != in[1].dtype || !is_float(in[0].dtype))
+        return fail("needs floating-point operands of one dtype, got " + show(0) + " and " + show(1));
+      if (in[1].shape[spatial] != in[0].shape[r - 1])
+        return fail("kernel " + show(1) + " reads " + std::to_string(in[1].shape[spatial]) + " features, input " +
+                    show(0) + " has " + std::to_string(in[0].shape[r - 1]));
+      const auto& c = a.conv;
+      for (const auto* v : {&c.strides, &c.lhs_dilation, &c.rhs_dilation, &a.lo, &a.hi})
+        if (static_cast<std::int64_t>(v->size()) != spatial)
+          return fail("needs a stride, dilations and padding for each of the " + std::to_string(spatial) +
+                      " spatial dims of " + show(0));
+      Shape out{in[0].shape[0]};
+      for (std::int64_t i = 0; i < spatial; ++i) {
+        const auto k = static_cast<std::size_t>(i);
+        if (c.strides[k] < 1 || c.lhs_dilation[k] < 1 || c.rhs_dilation[k] < 1)
+          return fail("stride and dilations must be >= 1 (spatial dim " + std::to_string(i) + ")");
+        const std::int64_t size = in[0].shape[k + 1], taps = in[1].shape[k];
+        const std::int64_t padded = (size > 0 ? (size - 1) * c.lhs_dilation[k] + 1 : 0) + a.lo[k] + a.hi[k];
+        const std::int64_t window = taps > 0 ? (taps - 1) * c.rhs_dilation[k] + 1 : 0;
+        if (window < 1 || window > padded)
+          return fail("window of " + std::to_string(window) + " on spatial dim " + std::to_string(i) +
+                      " does not fit the padded input of " + std::to_string(padded) + " (" + show(0) + ", kernel " +
+                      show(1) + ")");
+        out.push_back((padded - window) / c.strides[k] + 1);
+      }
+      out.push_back(in[1].shape[static_cast<std::size_t>(r - 1)]);
+      return {out, in[0].dtype};
+    }
     default: break;
   }
   internal_error("no shape rule for " + op);

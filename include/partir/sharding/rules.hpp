@@ -307,6 +307,29 @@ inline OpRule rule_for(const Op& op, std::span<const TensorType> in) {
       b.linear(PartialRule::product, {false, true});
       break;
     }
+    case OpKind::convolution: {  // x [N, X..., C], w [K..., C, O] -> [N, P..., O]: the batch and output
+      // features pass through, the input features are a reduction (a partial sum, as a matmul's k), and
+      // windows read across spatial rows and taps.
+      const std::size_t spatial = in[0].shape.size() - 2;
+      const std::string halo = "convolution: a window reads neighbouring positions of spatial dim ";
+      auto& x = b.rule.operands[0];
+      auto& w = b.rule.operands[1];
+      const int batch = b.factor(in[0].shape[0]), features = b.factor(in[0].shape.back(), FactorKind::reduction);
+      x.push_back({batch});
+      b.rule.result.push_back({batch});
+      for (std::size_t d = 0; d < spatial; ++d) {
+        const std::string why = halo + std::to_string(d) + " (tiling it needs a halo exchange)";
+        x.push_back({b.factor(in[0].shape[d + 1], FactorKind::need_replication, why)});
+        b.rule.result.push_back({b.factor(out[d + 1], FactorKind::need_replication, why)});
+        w.push_back({b.factor(in[1].shape[d], FactorKind::need_replication, "convolution: a window's taps are read together")});
+      }
+      x.push_back({features});
+      w.push_back({features});
+      w.push_back({b.factor(in[1].shape.back())});
+      b.rule.result.push_back(w.back());
+      b.linear(PartialRule::product, {true, true});
+      break;
+    }
     default: internal_error("no sharding rule for " + std::string(name_of(op.kind)));
   }
   return b.rule;

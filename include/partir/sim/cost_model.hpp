@@ -8,6 +8,8 @@
 //   rate for the rest), the
 //   bandwidth of the op's kind where the profile has one (strided copies), else memory_bandwidth, scaled by
 //   the profile's cache curve at this working set.
+//   A convolution: 2 x output elements x input features x window taps FLOPs, at the GEMM rate of its im2col
+//   GEMM ([positions, taps x features] x [taps x features, out features] per image).
 //   Collectives: ring algorithms on a group of n devices, S = the larger of the local operand and result
 //   buffers, one alpha-beta link: all_gather, reduce_scatter and all_to_all (n-1)(alpha + beta S/n),
 //   all_reduce twice that, or the link's measured times where it has them; all_slice communicates nothing
@@ -61,6 +63,14 @@ inline Work local_work(const Op& op, std::span<const TensorType> in) {
   if (op.kind == OpKind::scatter_add) w.flops = static_cast<double>(in[1].elements());
   if (op.kind == OpKind::add_n) w.flops = static_cast<double>(op.type.elements()) * static_cast<double>(in.size() - 1);
   if (op.kind == OpKind::dot_general) w.gemm_dim = gemm_dim(op.attrs.dot, in[0].shape, in[1].shape);
+  // A convolution is a multiply-add per output element, input feature and window tap, computed as the GEMM
+  // [positions, taps x C] x [taps x C, O] per image (the CPU kernel's im2col).
+  if (op.kind == OpKind::convolution) {
+    const double taps_features = static_cast<double>(in[1].elements() / in[1].shape.back());
+    const double O = static_cast<double>(op.type.shape.back()), N = static_cast<double>(op.type.shape.front());
+    w.flops = 2.0 * static_cast<double>(op.type.elements()) * taps_features;
+    w.gemm_dim = std::min({N > 0 ? static_cast<double>(op.type.elements()) / (N * O) : 0.0, taps_features, O});
+  }
   if (const double per_point = flops_per_point(op.kind); per_point > 0) {
     double points = 1;
     for (const auto& f : rule_for(op, in).factors) points *= static_cast<double>(f.size);

@@ -83,7 +83,8 @@ struct HardwareProfile {
   // The arithmetic rate of an op of kind k: the GEMM peak for dot_general, the elementwise rate otherwise.
   // gemm_dim: a dot_general's smallest of M, N and K.
   double flops_per_second(OpKind k, DType t, double gemm_dim = 0) const {
-    if (k == OpKind::dot_general) return flops_per_second(t) * (gemm_curve.empty() ? 1 : interpolate(gemm_curve, gemm_dim));
+    if (k == OpKind::dot_general || k == OpKind::convolution)  // a convolution runs as a GEMM (cost_model.hpp)
+      return flops_per_second(t) * (gemm_curve.empty() ? 1 : interpolate(gemm_curve, gemm_dim));
     auto it = elementwise_flops.find(t);
     return it != elementwise_flops.end() && it->second > 0 ? it->second : flops_per_second(t);
   }

@@ -157,6 +157,8 @@ class Runner {
     switch (op.kind) {
       case K::input: case K::count_:
         internal_error("gpu executor: no kernel for " + std::string(name_of(op.kind)));
+      case K::convolution:
+        user_error("convolution: no GPU kernel yet; run convolutions on the threads or mpi backend");
       case K::constant:
         if (a.literal.size() == 1) {
           launch::fill(op.type.dtype, a.literal[0], out.data, n, stream_);

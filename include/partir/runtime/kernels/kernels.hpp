@@ -326,6 +326,50 @@ void scatter_add(const Array& indices, const Array& updates, Array& out) {
   }
 }
 
+// x [N, spatial..., C], w [window..., C, O] -> out [N, spatial'..., O] (ConvDims in op.hpp). Per batch element,
+// im2col: row p of `patches` holds the C features under each tap of output position p's window (zeros off the
+// input or between dilated elements), taps major; then one GEMM with w read as [taps * C, O].
+template <class T>
+void convolution(const Array& x, const Array& w, const Attrs& a, Array& out) {
+  const auto& c = a.conv;
+  const auto spatial = x.shape().size() - 2;
+  const std::int64_t N = x.shape()[0], C = x.shape().back(), O = w.shape().back();
+  const Shape in(x.shape().begin() + 1, x.shape().end() - 1), taps(w.shape().begin(), w.shape().begin() + static_cast<std::ptrdiff_t>(spatial)),
+      positions(out.shape().begin() + 1, out.shape().end() - 1);
+  const std::int64_t P = num_elements(positions), K = num_elements(taps), X = num_elements(in);
+  const Strides in_strides = row_major_strides(in);
+  using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Matrix patches = Matrix::Zero(P, K * C);
+  const Eigen::Map<const Matrix> kernel(ptr<T>(w), K * C, O);
+  std::vector<std::int64_t> at(spatial), tap(spatial);
+  for (std::int64_t n = 0; n < N; ++n) {
+    for (std::int64_t p = 0; p < P; ++p) {
+      for (std::int64_t i = static_cast<std::int64_t>(spatial) - 1, rest = p; i >= 0; --i) {
+        at[static_cast<std::size_t>(i)] = rest % positions[static_cast<std::size_t>(i)];
+        rest /= positions[static_cast<std::size_t>(i)];
+      }
+      for (std::int64_t k = 0; k < K; ++k) {
+        for (std::int64_t i = static_cast<std::int64_t>(spatial) - 1, rest = k; i >= 0; --i) {
+          tap[static_cast<std::size_t>(i)] = rest % taps[static_cast<std::size_t>(i)];
+          rest /= taps[static_cast<std::size_t>(i)];
+        }
+        std::int64_t offset = 0;
+        bool inside = true;
+        for (std::size_t i = 0; i < spatial && inside; ++i) {
+          const std::int64_t t = c.flip ? taps[i] - 1 - tap[i] : tap[i];
+          const std::int64_t q = at[i] * c.strides[i] + t * c.rhs_dilation[i] - a.lo[i];  // on the dilated input
+          inside = q >= 0 && q % c.lhs_dilation[i] == 0 && q / c.lhs_dilation[i] < in[i];
+          offset += q / c.lhs_dilation[i] * in_strides[i];
+        }
+        auto row = patches.row(p).segment(k * C, C);
+        if (inside) row = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(ptr<T>(x) + (n * X + offset) * C, C);
+        else row.setZero();
+      }
+    }
+    Eigen::Map<Matrix>(ptr<T>(out) + n * P * O, P, O).noalias() = patches * kernel;
+  }
+}
+
 // Walks the input once in memory order. After fusing dims, the innermost run is either reduced (one
 // vectorized sum/max per run) or kept (added as a vector into the output row), which covers both
 // "reduce the last dims" and "reduce the leading dims" without strided inner loops.
@@ -792,6 +836,9 @@ Array eval(const Op& op, const Operands& operands) {
       break;
     case K::concatenate:
       each_stored_type([&](auto t) { k::concatenate<decltype(t)>(operands, a.axis, out); });
+      break;
+    case K::convolution:
+      k::visit_float_dtype(x.dtype(), op.kind, [&](auto t) { k::convolution<decltype(t)>(x, *operands[1], a, out); });
       break;
     case K::gather:
       each_stored_type([&](auto t) { k::gather<decltype(t)>(x, *operands[1], out); });
