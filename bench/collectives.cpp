@@ -1,12 +1,14 @@
 // Collectives microbenchmark in nccl-tests' conventions, through partir's Communicator backends.
-//   collectives -b 8 -e 64M -f 2 -n 20 -w 5 -r 3 -o all_reduce|all_gather|reduce_scatter|all_to_all|sendrecv|all
+//   collectives -b 8 -e 64M -f 2 -n 20 -w 5 -r 3
+//               -o all_reduce|all_gather|reduce_scatter|all_to_all|sendrecv|collective_permute|all
 //               --backend threads|mpi|nccl  --devices 4 (threads)  --mesh batch=2,model=2 --axis model
 //               --json out.json  --raw (mpi: also time MPI called directly; prints the ratio)
 //               --algorithms (mpi: all_reduce two ways, reduce_scatter four)  --calibrate profile.json
 // size is the full buffer S in bytes (count = S / 4 floats): the all_reduce buffer, the all_gather result,
 // the reduce_scatter operand, the all_to_all operand. algbw = S / time; busbw = algbw x 2(n-1)/n for
 // all_reduce, (n-1)/n for the others; sendrecv (pipeline stages' point to point, as OSU's bidirectional test): each
-// member sends S to the next member of its group and receives S from the previous one, busbw = algbw. time: the slowest device's mean over -n back-to-back calls, best of
+// member sends S to the next member of its group and receives S from the previous one, busbw = algbw; collective_permute (a halo exchange) the same without the wrap-around: the last member only
+// receives, the first only sends. time: the slowest device's mean over -n back-to-back calls, best of
 // -r rounds (3; a shared machine's noise only ever adds time).
 // #wrong counts elements that differ from the exactly known result of one checked call.
 //
@@ -77,8 +79,8 @@ Options parse(int argc, char** argv) {
   app.add_option("-w,--warmup_iters", o.warmup, "untimed calls first")->check(cli::at_least(0));
   app.add_option("-r,--rounds", o.rounds, "rounds; the best counts")->check(cli::at_least(1));
   app.add_option("-c,--check", o.check, "check one call's result (0 or 1)");
-  app.add_option("-o,--op", op, "all_reduce, all_gather, reduce_scatter, all_to_all, sendrecv or all")
-      ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv", "all"}));
+  app.add_option("-o,--op", op, "all_reduce, all_gather, reduce_scatter, all_to_all, sendrecv, collective_permute or all")
+      ->check(CLI::IsMember({"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv", "collective_permute", "all"}));
   app.add_option("--backend", o.backend, "threads, mpi (under mpirun) or nccl")->check(CLI::IsMember({"threads", "mpi", "nccl"}));
   app.add_option("--devices", o.devices, "threads: devices (default 2); nccl: GPUs (default all)")->check(cli::at_least(0));
   app.add_option("--mesh", o.mesh, "a mesh over the devices, e.g. a=2,b=2 (default: one axis d)");
@@ -93,7 +95,8 @@ Options parse(int argc, char** argv) {
   o.max_bytes = parse_bytes("-e", max);
   o.factor = parse_bytes("-f", factor);
   o.ops = op == "all"        ? std::vector{CollectiveKind::all_reduce, CollectiveKind::all_gather,
-                                           CollectiveKind::reduce_scatter, CollectiveKind::all_to_all, CollectiveKind::send}
+                                           CollectiveKind::reduce_scatter, CollectiveKind::all_to_all, CollectiveKind::send,
+                                           CollectiveKind::collective_permute}
           : op == "sendrecv" ? std::vector{CollectiveKind::send}
                              : std::vector{p::parse_collective_kind(op)};
   if (o.min_bytes < 1 || o.max_bytes < o.min_bytes || o.factor < 2) fail("need 1 <= -b <= -e and -f >= 2");
@@ -132,6 +135,11 @@ Call partir_call(C& comm) {
         comm.recv(g.devices[static_cast<std::size_t>((pos + n - 1) % n)], out, count, p::DType::f32, 0);
         break;
       }
+      case CollectiveKind::collective_permute: {
+        const int pos = g.index_of(comm.device()), n = g.size();
+        comm.collective_permute(g, pos + 1 < n ? pos + 1 : -1, in, pos > 0 ? pos - 1 : -1, out, count, p::DType::f32);
+        break;
+      }
       case CollectiveKind::all_slice: case CollectiveKind::recv: break;
     }
   };
@@ -150,7 +158,7 @@ Buffers buffers(CollectiveKind k, std::int64_t bytes, std::int64_t n) {
     case CollectiveKind::all_reduce: return {full, full, 0};
     case CollectiveKind::all_gather: return {full / n, full / n, full};
     case CollectiveKind::reduce_scatter: return {full / n, full, full / n};
-    case CollectiveKind::send: return {full, full, full};
+    case CollectiveKind::send: case CollectiveKind::collective_permute: return {full, full, full};
     default: return {full / n, full, full};
   }
 }
@@ -180,6 +188,9 @@ long wrong_elements(const Call& call, const p::Group& g, int me, CollectiveKind 
       break;
     case CollectiveKind::send:  // sendrecv: the previous member's input
       for (std::int64_t i = 0; i < b.count; ++i) wrong += out[i] != value(g.devices[static_cast<std::size_t>((pos + n - 1) % n)], i);
+      break;
+    case CollectiveKind::collective_permute:  // the previous member's input; the first member receives nothing
+      for (std::int64_t i = 0; i < b.count && pos > 0; ++i) wrong += out[i] != value(g.devices[static_cast<std::size_t>(pos - 1)], i);
       break;
     default:  // all_to_all: block q of the output is block `pos` of member q's input
       for (int q = 0; q < n; ++q)
@@ -229,7 +240,7 @@ std::vector<Row> sweep(C& comm, const Options& o, const p::Mesh& mesh, const p::
         if (raw) r.raw_seconds = std::min(r.raw_seconds.value_or(1e30), time(*raw));
       }
       r.algbw = static_cast<double>(r.bytes) / r.seconds / 1e9;
-      const double bus = kind == CollectiveKind::send ? 1 : p::bus_factor(kind, n);
+      const double bus = kind == CollectiveKind::send || kind == CollectiveKind::collective_permute ? 1 : p::bus_factor(kind, n);
       r.busbw = r.algbw * bus;
       if (raw) r.raw_busbw = static_cast<double>(r.bytes) / *r.raw_seconds / 1e9 * bus;
       if (o.check) {
@@ -352,6 +363,14 @@ class RawMpi {
           MPI_Comm_size(c, &size);
           MPI_Sendrecv(in, n, MPI_FLOAT, (pos + 1) % size, 0, out, n, MPI_FLOAT, (pos + size - 1) % size, 0, c,
                        MPI_STATUS_IGNORE);
+          break;
+        }
+        case CollectiveKind::collective_permute: {
+          int pos = 0, size = 1;
+          MPI_Comm_rank(c, &pos);
+          MPI_Comm_size(c, &size);
+          MPI_Sendrecv(in, n, MPI_FLOAT, pos + 1 < size ? pos + 1 : MPI_PROC_NULL, 0, out, n, MPI_FLOAT,
+                       pos > 0 ? pos - 1 : MPI_PROC_NULL, 0, c, MPI_STATUS_IGNORE);
           break;
         }
         case CollectiveKind::all_slice: case CollectiveKind::recv: break;

@@ -7,8 +7,11 @@
 // output convolution. Every convolution is 3x3 'same' (nn::conv_layer) with a ReLU.
 // Blocks name their kernels w1 and w2 (HWIO: output features last), so `mp` splits a block's channels as
 // Megatron splits an MLP: the first convolution's output channels, the second's input channels, one
-// all_reduce per block. `bp` splits the images; `z3` the kernels.
+// all_reduce per block. `bp` splits the images; `sp` their rows over the axis 'space' (GSPMD's spatial
+// partitioning: each convolution receives the rows its windows read from the neighbouring tiles, one
+// collective_permute each way, and its kernel gradient is a partial sum); `z3` the kernels.
 //   build/examples/unet_train
+//   build/examples/unet_train --mesh batch=2,space=2 --schedule bp,sp
 //   build/examples/unet_train --mesh batch=2,model=2 --schedule bp,mp,z3
 //   mpirun -np 4 build/examples/unet_train --backend mpi --mesh batch=2,model=2 --schedule bp,mp
 #include <partir/partir.hpp>
@@ -87,7 +90,8 @@ int main(int argc, char** argv) {
   app.add_option("--noise", noise, "standard deviation of the added noise")->check(cli::at_least(0));
   app.add_option("--seed", seed, "seed of parameters and images");
   examples::RunFlags run(app, "batch=2,model=2", "bp,mp",
-                         "tactics in order: bp (the images), mp (channels), z2, z3 (comma-separated), or none",
+                         "tactics in order: bp (the images), mp (channels), sp (image rows, on axis 'space'), z2, z3 "
+                         "(comma-separated), or none",
                          "unet_train_report.json");
   const examples::RecipeFlags recipe_flags(app, 3e-3);
   const examples::LoopFlags loop(app);

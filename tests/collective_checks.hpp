@@ -54,6 +54,16 @@ long check_all(C& c) {
       c.all_to_all(g, blocks.data(), exchanged.data(), n, DType::f32);
       for (int b = 0; b < k; ++b)
         for (std::int64_t i = 0; i < n; ++i) wrong += exchanged[b * n + i] != value(g.devices[b], pos * n + i);
+
+      // collective_permute one member along (a halo exchange): the ends keep what `out` held
+      for (int shift : {1, -1}) {
+        const int to = pos + shift, from = pos - shift;
+        std::vector<float> received(static_cast<std::size_t>(n), -1.0f);
+        c.collective_permute(g, to >= 0 && to < k ? to : -1, mine.data(), from >= 0 && from < k ? from : -1,
+                             received.data(), n, DType::f32);
+        for (std::int64_t i = 0; i < n; ++i)
+          wrong += received[i] != (from >= 0 && from < k ? value(g.devices[from], i) : -1.0f);
+      }
     }
   }
   // reduce_scatter of the other dtypes, large enough for the mpi backend's ring and spanning segments.

@@ -236,3 +236,21 @@ TEST_CASE("auto: parse_schedule takes auto:<axis> and leaves a report") {
   CHECK_THROWS_WITH_AS(parse_schedule("bp,auto:"), "schedule 'bp,auto:': 'auto:' needs an axis, as in auto:model",
                        UserError);
 }
+
+TEST_CASE("auto: acts on convolutions; spatial tilings whose halo is wider than a tile are skipped, not fatal") {
+  // 8 rows on 4 tiles: 2 rows each, less than a 7x7 window's halo of 3. Tiling the rows (of x or y) is refused
+  // by lowering; the kernels' output channels (4) can be split.
+  const ConvWindow same{.padding_low = {3, 3}, .padding_high = {3, 3}};
+  const Program step = train_step(
+      [&](Tensor x, Tensor y) {
+        const Tensor h = relu(conv(x, param("params/conv/w1", {7, 7, 2, 4}, normal_init(0.1)), same));
+        return mse(conv(h, param("params/conv/w2", {1, 1, 4, 2}, normal_init(0.3))), y);
+      },
+      Adam{1e-2, 0.9, 0.999, 1e-3}, {{"x", {2, 8, 8, 2}}, {"y", {2, 8, 8, 2}}});
+  const Mesh mesh{{"space", 4}};
+  CHECK_THROWS_AS(lower(partition(step, mesh, {ManualPartition{{{"x", 1}}, "space"}})), UserError);
+  const AutomaticPartition search = auto_on("space", 0, greedy(16));
+  const Partitioned plan = partition(step, mesh, {search});
+  for (const auto& name : {"x", "y"}) CHECK(plan.sharding(plan.program().input(name)).dims.at(1).empty());
+  CHECK(max_error(step, lower(plan), 1, 3) < 1e-4);
+}

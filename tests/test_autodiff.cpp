@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 
 #include <partir/autodiff/train_step.hpp>
@@ -315,6 +316,85 @@ TEST_CASE("autodiff: convolution") {
     check_conv({1, 7, 3}, {2, 3, 2}, {.strides = {3}, .padding_low = {2}, .padding_high = {0}, .dilation = {2}});
   }
   SUBCASE("valid padding, 3 spatial dims") { check_conv({1, 3, 4, 3, 2}, {2, 3, 2, 2, 2}, {}); }
+}
+
+// A window sum or max computed directly from its definition (WindowDims in ir/op.hpp), in f64.
+Array window_reference(const Array& x, bool take_max, const WindowDims& w, const std::vector<std::int64_t>& lo, const Shape& out) {
+  const std::size_t rank = x.shape().size();
+  Array r({out, DType::f64});
+  std::vector<std::int64_t> p(rank), k(rank);
+  for (std::int64_t i = 0; i < r.size(); ++i) {
+    std::int64_t rest = i;
+    for (std::size_t d = rank; d-- > 0;) p[d] = rest % out[d], rest /= out[d];
+    double acc = take_max ? -std::numeric_limits<double>::infinity() : 0.0;
+    for (std::int64_t t = 0; t < num_elements(w.window); ++t) {
+      std::int64_t left = t, at = 0;
+      for (std::size_t d = rank; d-- > 0;) k[d] = left % w.window[d], left /= w.window[d];
+      bool inside = true;
+      for (std::size_t d = 0; d < rank; ++d) {
+        const std::int64_t q = p[d] * w.strides[d] + k[d] * w.window_dilation[d] - lo[d];
+        inside = inside && q >= 0 && q % w.base_dilation[d] == 0 && q / w.base_dilation[d] < x.shape()[d];
+        at = at * x.shape()[d] + (inside ? q / w.base_dilation[d] : 0);
+      }
+      if (inside) acc = take_max ? std::max(acc, x.at(at)) : acc + x.at(at);
+    }
+    r.set(i, acc);
+  }
+  return r;
+}
+
+TEST_CASE("reduce_window: sums and maxima over strided, padded (negative too) and dilated windows, against the definition") {
+  std::mt19937_64 gen(21);
+  struct Case {
+    Shape x;
+    WindowDims w;
+    std::vector<std::int64_t> lo, hi;
+  };
+  const std::vector<Case> cases = {
+      {{2, 5, 6, 3}, {{1, 3, 2, 1}, {1, 2, 1, 1}, {1, 1, 1, 1}, {1, 1, 2, 1}}, {0, 1, 0, 0}, {0, 1, 1, 0}},
+      {{7, 4}, {{3, 2}, {2, 2}, {1, 1}, {1, 1}}, {-1, 0}, {2, 0}},
+      {{1, 4, 4, 2}, {{1, 2, 2, 1}, {1, 1, 1, 1}, {1, 2, 1, 1}, {1, 1, 2, 1}}, {0, 0, 1, 0}, {0, 1, 0, 0}},
+  };
+  for (const auto& k : cases)
+    for (OpKind kind : {OpKind::reduce_window_sum, OpKind::reduce_window_max}) {
+      CAPTURE(to_string(k.x));
+      CAPTURE(name_of(kind));
+      const Program f = trace("pool", [&](Tensor x) { return reduce_window(x, kind, k.w, k.lo, k.hi); }, {f64("x", k.x)});
+      const NamedArrays in{{"x", uniform(gen, k.x)}};
+      const Array got = interpret(f, in).begin()->second;
+      const Array expect = window_reference(in.at("x"), kind == OpKind::reduce_window_max, k.w, k.lo, got.shape());
+      for (std::int64_t i = 0; i < got.size(); ++i) CHECK(got.at(i) == doctest::Approx(expect.at(i)).epsilon(1e-12));
+    }
+  // nn's pools over non-overlapping 2x2 windows of NHWC: the max and the mean of each block.
+  const Program pools = trace(
+      "pools",
+      [](Tensor x) {
+        const Tensor blocks = reshape(x, {2, 2, 2, 3, 2, 3});  // [N, H/2, 2, W/2, 2, C]
+        return NamedTensors{{"max", nn::max_pool(x, {2, 2}) - max(blocks, {2, 4})},
+                            {"avg", nn::avg_pool(x, {2, 2}) - sum(blocks, {2, 4}) * 0.25}};
+      },
+      {f64("x", {2, 4, 6, 3})});
+  const NamedArrays diff = interpret(pools, {{"x", uniform(gen, {2, 4, 6, 3})}});
+  for (const auto& [name, d] : diff)
+    for (std::int64_t i = 0; i < d.size(); ++i) CHECK(std::abs(d.at(i)) < 1e-15);
+}
+
+TEST_CASE("autodiff: pooling (window sums and maxima)") {
+  std::mt19937_64 gen(22);
+  auto check_pool = [&](OpKind kind, Shape xs, WindowDims w, std::vector<std::int64_t> lo, std::vector<std::int64_t> hi) {
+    CAPTURE(to_string(xs));
+    CAPTURE(name_of(kind));
+    // distinct values: no ties between a window's candidates for its maximum
+    check_unary([&](const Tensor& x) { return reduce_window(x, kind, w, lo, hi); }, distinct(gen, xs));
+  };
+  for (OpKind kind : {OpKind::reduce_window_sum, OpKind::reduce_window_max}) {
+    // non-overlapping 2x2; overlapping 3x3 at stride 2, padded, odd sizes; a dilated window, a stride larger
+    // than it, cropping
+    check_pool(kind, {2, 4, 4, 3}, {{1, 2, 2, 1}, {1, 2, 2, 1}, {1, 1, 1, 1}, {1, 1, 1, 1}}, {0, 0, 0, 0}, {0, 0, 0, 0});
+    check_pool(kind, {1, 5, 6, 2}, {{1, 3, 3, 1}, {1, 2, 2, 1}, {1, 1, 1, 1}, {1, 1, 1, 1}}, {0, 1, 1, 0}, {0, 1, 0, 0});
+    check_pool(kind, {2, 9, 2}, {{1, 2, 1}, {1, 3, 1}, {1, 1, 1}, {1, 2, 1}}, {0, -1, 0}, {0, 1, 0});
+  }
+  check_unary([](const Tensor& x) { return nn::avg_pool(x, {2, 3}, 1); }, uniform(gen, {1, 4, 5, 2}));
 }
 
 TEST_CASE("autodiff: composite functions") {

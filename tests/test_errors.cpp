@@ -211,10 +211,15 @@ TEST_CASE("catalog: tactics and schedules") {
     const Program noin = trace("noin", [](const std::vector<Tensor>&) { return param("w", {4}, zeros_init()) * 2.0; }, {});
     CHECK_THROWS_WITH_AS(partition(noin, mesh2x2, {data_parallel("batch")}),
                          "tactic 1 (bp(batch)): program 'noin' has no data input to tile", UserError);
+    // spatial partitioning of a program without images
+    CHECK_THROWS_WITH_AS(partition(mlp(), mesh2x2, {spatial("model")}),
+                         "tactic 1 (sp(model)): program 'mlp' has no data input with spatial dims ([batch, spatial..., "
+                         "features], rank >= 3) to tile",
+                         UserError);
   }
   // E44 an unknown preset name
   CHECK_THROWS_WITH_AS(parse_schedule("bp,tp"),
-                       "schedule 'bp,tp': unknown tactic 'tp' (expected none, bp, mp, z2, z3, emb, mq, ep, pp, pp:gpipe, auto:<axis>)", UserError);
+                       "schedule 'bp,tp': unknown tactic 'tp' (expected none, bp, mp, z2, z3, emb, mq, ep, sp, pp, pp:gpipe, auto:<axis>)", UserError);
   // E45 explain() of a name the program lacks
   CHECK_THROWS_WITH_AS(explain(partition(prog, mesh2x2, {bp}), "params/mlp/w7"),
                        "partitioned program 'mlp' has no input, tag or output named 'params/mlp/w7'", UserError);
@@ -593,7 +598,7 @@ TEST_CASE("catalog: pipeline parallelism") {
   // E100 an unknown pipeline schedule name
   CHECK_THROWS_WITH_AS(parse_schedule("pp:interleaved"),
                        "schedule 'pp:interleaved': unknown tactic 'pp:interleaved' (expected none, bp, mp, z2, z3, emb, "
-                       "mq, ep, pp, pp:gpipe, auto:<axis>)",
+                       "mq, ep, sp, pp, pp:gpipe, auto:<axis>)",
                        UserError);
 }
 
@@ -645,6 +650,25 @@ TEST_CASE("catalog: convolutions") {
                        "grad: the input gradient of a convolution with input dilation is not supported (partir "
                        "differentiates a convolution once, not its gradients)",
                        UserError);
+  // E106 spatial tiles smaller than a convolution's halo (a 5x5 'same' window reads 2 rows of each neighbour,
+  // tiles hold 1)
+  const Program wide = conv_of({1, 4, 4, 1}, {5, 5, 1, 1}, {.padding_low = {2, 2}, .padding_high = {2, 2}});
+  CHECK_THROWS_WITH_AS(lower(partition(wide, Mesh{{"space", 4}}, {ManualPartition{{{"x", 1}}, "space"}})),
+                       "convolution %2: spatial dim 0 of x tiled on 'space' from tactic 1 (tile x:1 on space) into "
+                       "tiles of 1 row, but each tile's windows read 2 rows of a neighbouring tile (a halo exchange "
+                       "reaches only the next tile: use fewer tiles on {space} or larger inputs)",
+                       UserError);
+  // E107 pooling windows that do not fit their operand, or nn's pools on a tensor without spatial dims
+  auto pool = [](Shape x, WindowDims w, std::vector<std::int64_t> lo) {
+    return trace("p", [&](Tensor a) { return reduce_window(a, OpKind::reduce_window_max, w, lo, lo); }, {{"x", std::move(x)}});
+  };
+  CHECK_THROWS_WITH_AS(pool({2, 4}, {{2}, {1}, {1}, {1}}, {0}),
+                       "reduce_window_max: needs a window size, stride, dilations and padding for each of the 2 dims of f32[2,4]",
+                       UserError);
+  CHECK_THROWS_WITH_AS(pool({2, 3}, {{1, 4}, {1, 1}, {1, 1}, {1, 1}}, {0, 0}),
+                       "reduce_window_max: window of 4 on dim 1 does not fit the padded operand of 3 (f32[2,3])", UserError);
+  CHECK_THROWS_WITH_AS(trace("p", [](Tensor a) { return nn::max_pool(a, {2, 2}); }, {{"x", {2, 4, 3}}}),
+                       "max_pool: input f32[2,4,3] is not [batch, 2 spatial dims, features]", UserError);
 }
 
 TEST_CASE("catalog: hardware profiles and command lines (nlohmann-json and CLI11 errors in partir's wording)") {

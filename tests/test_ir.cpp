@@ -67,7 +67,8 @@ TEST_CASE("printer: every attribute form") {
     Tensor image = reshape(x, {1, 4, 3});
     Tensor kernel = reshape(x, {2, 3, 2});
     Tensor v = conv_general(image, kernel, {{2}, {1}, {1}, true}, {1}, {-1});
-    return NamedTensors{{"m", m}, {"g", g}, {"b", b}, {"v", v}, {"k", constant(x.program(), {1, 2}, {2})}};
+    Tensor pooled = reduce_window(x, OpKind::reduce_window_sum, {{2, 1}, {2, 1}, {1, 1}, {1, 1}}, {0, 0}, {0, 0});
+    return NamedTensors{{"m", m}, {"g", g}, {"b", b}, {"v", v}, {"pooled", pooled}, {"k", constant(x.program(), {1, 2}, {2})}};
   }, {{"x", {4, 3}}, {"ids", {2}, DType::i32}});
   const std::string text = to_string(p);
   CHECK(text.find("transpose %0 {perm=[1,0]} : f32[3,4]") != std::string::npos);
@@ -80,6 +81,8 @@ TEST_CASE("printer: every attribute form") {
   CHECK(text.find("constant {values=[1,2]} : f32[2]") != std::string::npos);
   CHECK(text.find("convolution %9, %10 {strides=[2], low=[1], high=[-1], lhs_dilation=[1], rhs_dilation=[1], flip} : "
                   "f32[1,2,2]") != std::string::npos);
+  CHECK(text.find("reduce_window_sum %0 {window=[2,1], strides=[2,1], low=[0,0], high=[0,0], base_dilation=[1,1], "
+                  "window_dilation=[1,1]} : f32[2,3]") != std::string::npos);
 }
 
 TEST_CASE("verifier: rejects a stored type that differs from the inferred one") {

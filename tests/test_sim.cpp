@@ -161,6 +161,9 @@ TEST_CASE("cost model: roofline and ring formulas") {
   CHECK(ring_seconds(CK::all_gather, 4, 6000, measured) == doctest::Approx(10e-3));
   CHECK(ring_seconds(CK::all_gather, 4, 4000, measured) == doctest::Approx(5e-3 * 4 / 3));
   CHECK(ring_seconds(CK::all_gather, 4, 400, measured) == ring_seconds(CK::all_gather, 4, 400, link));
+  // A halo exchange moves its rows one hop, whatever the group: 1 us + 4 us.
+  CHECK(ring_seconds(CK::collective_permute, 2, 4000, measured) == doctest::Approx(5e-6));
+  CHECK(wire_bytes(CK::collective_permute, 2, 4000) == 4000);
   CHECK(wire_bytes(CK::all_reduce, 4, 4000) == 6000);
   CHECK(wire_bytes(CK::all_gather, 4, 4000) == 3000);
   CHECK(bus_factor(CK::all_reduce, 4) == 1.5);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <numbers>
 #include <numeric>
 #include <random>
@@ -1114,7 +1115,7 @@ TEST_CASE("differential: MoE train steps under expert parallelism and its compos
 
 // ---- convolution ----
 
-TEST_CASE("convolution: split by batch and by channels (Megatron's layout on HWIO kernels); spatial tiling stops with why") {
+TEST_CASE("convolution: split by batch and by channels (Megatron's layout on HWIO kernels); unaligned spatial tiling stops with why") {
   const std::int64_t N = 8;
   const Program step = train_step(
       [](Tensor x, Tensor y) {
@@ -1130,11 +1131,15 @@ TEST_CASE("convolution: split by batch and by channels (Megatron's layout on HWI
         std::map<std::string, int>{{"all_reduce{model}", 1}});
   CHECK(plan(lower(partition(step, Mesh{{"batch", 4}}, {data_parallel("batch")}))) ==
         std::map<std::string, int>{{"all_reduce{batch}", 2}});
-  // A spatial dim tiled: propagation stops at the first convolution and says why; lowering gathers the rows.
+  // Rows tiled: the first convolution exchanges halos; the second (6 rows to 2 at stride 2, unpadded) cannot
+  // tile its rows, as output tiles would not start where input tiles do: propagation stops there and says so.
   const Schedule rows{ManualPartition{{{"x", 1}}, "batch"}};
   const Partitioned spatial = partition(step, Mesh{{"batch", 2}}, rows);
   REQUIRE(!spatial.history().back().stops.empty());
-  CHECK(spatial.history().back().stops.front().reason.find("halo exchange") != std::string::npos);
+  CHECK(spatial.history().back().stops.front().reason ==
+        "convolution: spatial dim 0: tiles of the input (6 x dilation 1) and of the output (2 x stride 2) would not "
+        "start at the same positions");
+  CHECK(plan(lower(spatial)).count("collective_permute{batch}") == 1);
   check_plans(step,
               {{"bp 4", Mesh{{"batch", 4}}, parse_schedule("bp")},
                {"bp,mp 2x2", square, parse_schedule("bp,mp")},
@@ -1142,4 +1147,142 @@ TEST_CASE("convolution: split by batch and by channels (Megatron's layout on HWI
                {"bp,z2 4", Mesh{{"batch", 4}}, parse_schedule("bp,z2")},
                {"rows tiled 2", Mesh{{"batch", 2}}, rows}},
               1, 40);
+}
+
+// ---- spatial partitioning: halo exchange ----
+
+namespace {
+
+// The collective_permutes of a plan as (shift, bytes), in program order.
+std::vector<std::pair<std::int64_t, std::int64_t>> halos(const SpmdProgram& p) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> out;
+  for (const auto& c : p.collectives())
+    if (c.collective.kind == CK::collective_permute) out.emplace_back(c.collective.shift, c.bytes);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("spatial partitioning: each tile receives its halo from its neighbours only, the bytes the window implies") {
+  // x [2, 8, 8, 3] -> 3x3 'same' -> [2, 8, 8, 4] -> 3x3 at stride 2, TF 'same' (no padding before, 1 after) -> [2, 4, 4, 5]
+  const Program net = trace(
+      "net",
+      [](Tensor x, Tensor w1, Tensor w2) {
+        const Tensor h = tanh(conv(x, w1, {.padding_low = {1, 1}, .padding_high = {1, 1}}));
+        return NamedTensors{{"y", conv(h, w2, {.strides = {2, 2}, .padding_low = {0, 0}, .padding_high = {1, 1}})}};
+      },
+      {{"x", {2, 8, 8, 3}}, {"w1", {3, 3, 3, 4}}, {"w2", {3, 3, 4, 5}}});
+  for (std::int64_t tiles : {2, 4}) {
+    CAPTURE(tiles);
+    const Partitioned plan_ = partition(net, Mesh{{"space", tiles}}, {ManualPartition{{{"x", 1}}, "space"}});
+    CHECK(plan_.history().back().stops.empty());
+    const SpmdProgram spmd = lower(plan_);
+    // Halo rows x (batch 2, 8 columns, channels) x 4 bytes: the first convolution reads one row of each
+    // neighbour's x, the strided one only the next tile's first row of h (its windows end one row past a tile).
+    const std::int64_t row = 2 * 8 * 4;
+    CHECK(plan(spmd) == std::map<std::string, int>{{"collective_permute{space}", 3}});
+    CHECK(halos(spmd) == std::vector<std::pair<std::int64_t, std::int64_t>>{{1, row * 3}, {-1, row * 3}, {-1, row * 4}});
+    CHECK(spmd.outputs().at(0).sharding == Sharding{{{}, {"space"}, {}, {}}, {}});
+    CHECK(max_error(net, spmd, 1, 7).value < 1e-5);
+  }
+}
+
+TEST_CASE("differential: spatially tiled convolution train steps (random windows, strides, dilations, padding) equal one device") {
+  std::mt19937_64 rng(2026);
+  auto pick = [&](std::int64_t lo, std::int64_t hi) { return lo + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(hi - lo + 1)); };
+  int exchanged = 0;
+  for (int trial = 0; trial < 24; ++trial) {
+    const std::int64_t spatial = trial % 4 == 3 ? 2 : 1, tiles = trial % 3 == 2 ? 4 : 2, stride = pick(1, 2);
+    Shape x{3}, y{3}, k1, k2;
+    ConvWindow first, second;
+    std::string shape;
+    for (std::int64_t i = 0; i < spatial; ++i) {
+      const std::int64_t size = (i == 0 ? tiles : 2) * stride * pick(2, 4);
+      const std::int64_t taps1 = pick(1, 4), dilation1 = pick(1, 2), window1 = (taps1 - 1) * dilation1 + 1;
+      const std::int64_t taps2 = pick(1, 4), dilation2 = pick(1, 2), window2 = (taps2 - 1) * dilation2 + 1;
+      const std::int64_t low1 = pick(0, window1 - 1), total2 = window2 - stride + pick(0, stride - 1);
+      const std::int64_t low2 = pick(std::min<std::int64_t>(0, total2), std::max<std::int64_t>(0, total2));
+      x.push_back(size);
+      y.push_back(size / stride);
+      k1.push_back(taps1);
+      k2.push_back(taps2);
+      first.strides.push_back(1), first.dilation.push_back(dilation1);
+      first.padding_low.push_back(low1), first.padding_high.push_back(window1 - 1 - low1);
+      second.strides.push_back(stride), second.dilation.push_back(dilation2);
+      second.padding_low.push_back(low2), second.padding_high.push_back(total2 - low2);
+      shape += " " + std::to_string(size) + ": " + std::to_string(taps1) + " taps d" + std::to_string(dilation1) +
+               " pad " + std::to_string(low1) + ", then " + std::to_string(taps2) + " taps d" + std::to_string(dilation2) +
+               " stride " + std::to_string(stride) + " pad " + std::to_string(low2) + "/" + std::to_string(total2 - low2);
+    }
+    x.push_back(2), y.push_back(3);
+    k1.push_back(2), k1.push_back(4), k2.push_back(4), k2.push_back(3);
+    CAPTURE(trial);
+    CAPTURE(tiles);
+    CAPTURE(shape);
+    const Program step = train_step(
+        [&](Tensor images, Tensor targets) {
+          const Tensor w1 = param("params/w1", k1, normal_init(0.4));
+          const Tensor w2 = param("params/w2", k2, normal_init(0.4));
+          return mse(conv(tanh(conv(images, w1, first)), w2, second), targets);
+        },
+        SGD{0.1}, {{"x", x}, {"y", y}});
+    Mesh mesh{{"space", tiles}};
+    Schedule schedule{ManualPartition{{{"x", 1}}, "space"}};
+    if (spatial == 2) {
+      mesh = Mesh{{"space", tiles}, {"cols", 2}};
+      schedule.push_back(ManualPartition{{{"x", 2}}, "cols"});
+    }
+    const Partitioned plan_ = partition(step, mesh, schedule);
+    for (const auto& stop : plan_.history().back().stops) FAIL_CHECK(stop.message);
+    std::optional<SpmdProgram> spmd;
+    try {
+      spmd = lower(plan_);
+    } catch (const UserError& e) {  // a window wider than a neighbour's tile: refused, never computed wrong
+      CHECK(std::string(e.what()).find("a halo exchange reaches only the next tile") != std::string::npos);
+      continue;
+    }
+    exchanged += !halos(*spmd).empty();
+    const Error error = max_error(step, *spmd, 1, static_cast<std::uint64_t>(trial));
+    CHECK_MESSAGE(error.value < 1e-4, error.where);
+  }
+  CHECK(exchanged >= 16);
+}
+
+TEST_CASE("pooling: batch, channels and rows pass through where windows stay inside tiles; overlapping windows stop with why") {
+  const std::int64_t N = 8;
+  const ConvWindow same{.padding_low = {1, 1}, .padding_high = {1, 1}};
+  auto step_with = [&](std::function<Tensor(const Tensor&)> pool) {  // pool: [N, 8, 8, 8] -> [N, 4, 4, 8]
+    return train_step(
+        [=](Tensor x, Tensor y) {
+          const Tensor w1 = param("params/conv/w1", {3, 3, 3, 8}, normal_init(0.2));
+          const Tensor w2 = param("params/conv/w2", {3, 3, 8, 4}, normal_init(0.1));
+          const Tensor h = pool(relu(conv(x, w1, same)));
+          return mse(nn::avg_pool(conv(h, w2, same), {2, 2}), y);  // [N, 2, 2, 4]
+        },
+        Adam{1e-2, 0.9, 0.999, 1e-3}, {{"x", {N, 8, 8, 3}}, {"y", {N, 2, 2, 4}}});
+  };
+  const Program step = step_with([](const Tensor& h) { return nn::max_pool(h, {2, 2}); });
+  const Schedule rows{ManualPartition{{{"x", 1}}, "space"}};
+  // 2x2 windows at stride 2 never cross a tile of even rows: the rows stay tiled through both pools, and only
+  // the convolutions exchange halos.
+  const Partitioned spatial = partition(step, Mesh{{"space", 2}}, rows);
+  for (const auto& stop : spatial.history().back().stops) FAIL_CHECK(stop.message);
+  CHECK(plan(lower(spatial)).at("collective_permute{space}") > 0);
+  // 3x3 windows at stride 2 ('same': one row of padding after) overlap the next tile: propagation stops at the
+  // max pool and says why.
+  const Program overlapping = step_with([](const Tensor& h) {
+    return reduce_window(h, OpKind::reduce_window_max, {{1, 3, 3, 1}, {1, 2, 2, 1}, {1, 1, 1, 1}, {1, 1, 1, 1}},
+                         {0, 0, 0, 0}, {0, 1, 1, 0});
+  });
+  const Partitioned stopped = partition(overlapping, Mesh{{"space", 2}}, rows);
+  REQUIRE(!stopped.history().back().stops.empty());
+  CHECK(stopped.history().back().stops.front().reason ==
+        "reduce_window_max: dim 1: windows cross into the neighbouring tile (a pooling halo would need its padding "
+        "value, not zeros)");
+  const std::vector<PlanCase> cases = {{"bp 4", Mesh{{"batch", 4}}, parse_schedule("bp")},
+                                       {"bp,mp 2x2", square, parse_schedule("bp,mp")},
+                                       {"bp,sp 2x2", Mesh{{"batch", 2}, {"space", 2}}, parse_schedule("bp,sp")},
+                                       {"sp 2", Mesh{{"space", 2}}, parse_schedule("sp")}};
+  check_plans(step, cases, 1, 50);
+  check_plans(overlapping, cases, 1, 60);
 }

@@ -86,6 +86,29 @@ inline Tensor dot_general_vjp(const Tensor& g, const Tensor& other, std::int64_t
   return transpose(r, std::move(perm));
 }
 
+// The gradient of pooling. A window sum's is a window sum of g dilated by the stride, the window's taps
+// reversed by the padding ((K-1)d - lo before, X - 1 - (P-1)s + lo after, as a convolution's input gradient); a
+// window max's is select_and_scatter (g to each window's first maximum). Base dilation and second derivatives
+// are not supported.
+inline Tensor window_vjp(const Op& op, const Tensor& x, const Tensor& g) {
+  const WindowDims w = op.attrs.window;  // copies: the ops added below may move the program's attributes
+  const std::vector<std::int64_t> lo = op.attrs.lo, hi = op.attrs.hi;
+  const Shape xs = x.shape(), gs = g.shape();
+  if (op.kind == OpKind::select_and_scatter)
+    user_error("grad: the gradient of select_and_scatter is not supported (partir differentiates pooling once)");
+  if (std::any_of(w.base_dilation.begin(), w.base_dilation.end(), [](auto d) { return d != 1; }))
+    user_error("grad: the gradient of " + std::string(name_of(op.kind)) +
+               " with base dilation is not supported (partir differentiates pooling once, not its gradients)");
+  if (op.kind == OpKind::reduce_window_max) return select_and_scatter(x, g, w, lo, hi);
+  WindowDims back{w.window, std::vector<std::int64_t>(xs.size(), 1), w.strides, w.window_dilation};
+  std::vector<std::int64_t> low, high;
+  for (std::size_t d = 0; d < xs.size(); ++d) {
+    low.push_back((w.window[d] - 1) * w.window_dilation[d] - lo[d]);
+    high.push_back(xs[d] - 1 - (gs[d] - 1) * w.strides[d] + lo[d]);
+  }
+  return reduce_window(g, OpKind::reduce_window_sum, std::move(back), std::move(low), std::move(high));
+}
+
 // The gradients of a convolution (ConvDims in op.hpp), both convolutions again (XLA's rules). Per spatial dim
 // with stride s, window K taps d apart, padding lo, input size X and output size P:
 //   dx: g dilated by s, convolved with the kernel flipped and its features swapped, padding (K-1)d - lo
@@ -301,6 +324,9 @@ void vjp(Program& p, ValueId v, const Op& op, const Tensor& g, const std::vector
       return;
     }
     case OpKind::convolution: conv_vjp(op, operand(0), operand(1), g, needed, accumulate); return;
+    case OpKind::reduce_window_sum:
+    case OpKind::reduce_window_max:
+    case OpKind::select_and_scatter: accumulate(0, window_vjp(op, operand(0), g)); return;
     case OpKind::gather: accumulate(0, scatter_add(operand(1), g, operand(0).shape())); return;
     case OpKind::scatter_add: accumulate(1, gather(g, operand(0))); return;
   }

@@ -45,6 +45,32 @@ inline Tensor conv_layer(const Tensor& x, const std::string& w_name, const std::
   return bias ? y + param(b_name, {out}, zeros_init(), x.dtype()) : y;
 }
 
+// Max and average pooling of x [N, spatial..., C] over `window` (one size per spatial dim) at `stride` (0: the
+// window, non-overlapping), unpadded ('valid', as PyTorch's MaxPool2d/AvgPool2d defaults): ReduceWindow with
+// windows of 1 on the batch and features. avg_pool divides by the window's size.
+inline WindowDims pool_window(const Tensor& x, const std::vector<std::int64_t>& window, std::int64_t stride, const char* who) {
+  if (x.rank() != static_cast<std::int64_t>(window.size()) + 2)
+    user_error(std::string(who) + ": input " + to_string(x.type()) + " is not [batch, " + std::to_string(window.size()) +
+               " spatial dims, features]");
+  const auto r = static_cast<std::size_t>(x.rank());
+  WindowDims w{std::vector<std::int64_t>(r, 1), std::vector<std::int64_t>(r, 1), std::vector<std::int64_t>(r, 1),
+               std::vector<std::int64_t>(r, 1)};
+  for (std::size_t d = 0; d < window.size(); ++d) {
+    w.window[d + 1] = window[d];
+    w.strides[d + 1] = stride > 0 ? stride : window[d];
+  }
+  return w;
+}
+inline Tensor max_pool(const Tensor& x, const std::vector<std::int64_t>& window, std::int64_t stride = 0) {
+  const auto none = std::vector<std::int64_t>(static_cast<std::size_t>(x.rank()), 0);
+  return reduce_window(x, OpKind::reduce_window_max, pool_window(x, window, stride, "max_pool"), none, none);
+}
+inline Tensor avg_pool(const Tensor& x, const std::vector<std::int64_t>& window, std::int64_t stride = 0) {
+  const auto none = std::vector<std::int64_t>(static_cast<std::size_t>(x.rank()), 0);
+  const double taps = static_cast<double>(num_elements(window));
+  return reduce_window(x, OpKind::reduce_window_sum, pool_window(x, window, stride, "avg_pool"), none, none) * (1.0 / taps);
+}
+
 struct Linear {
   std::string name;  // parameters: name/w, name/b
   std::int64_t in, out;

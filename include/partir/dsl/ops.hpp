@@ -273,6 +273,28 @@ inline Tensor conv_general(const Tensor& x, const Tensor& w, ConvDims dims, std:
   a.hi = std::move(high);
   return detail::emit(detail::same_program(x, w, "convolution"), OpKind::convolution, {x.id(), w.id()}, std::move(a));
 }
+// A window sum or max (kind: reduce_window_sum or reduce_window_max) over every dim of x (WindowDims in op.hpp),
+// padding with the reduction's identity.
+inline Tensor reduce_window(const Tensor& x, OpKind kind, WindowDims window, std::vector<std::int64_t> low,
+                            std::vector<std::int64_t> high) {
+  if (kind != OpKind::reduce_window_sum && kind != OpKind::reduce_window_max)
+    user_error("reduce_window: kind must be reduce_window_sum or reduce_window_max, got " + std::string(name_of(kind)));
+  Attrs a;
+  a.window = std::move(window);
+  a.lo = std::move(low);
+  a.hi = std::move(high);
+  return detail::emit(x.program(), kind, {x.id()}, std::move(a));
+}
+// x's shape, with g (a window max's result type) added at each window's first maximum of x.
+inline Tensor select_and_scatter(const Tensor& x, const Tensor& g, WindowDims window, std::vector<std::int64_t> low,
+                                 std::vector<std::int64_t> high) {
+  Attrs a;
+  a.window = std::move(window);
+  a.lo = std::move(low);
+  a.hi = std::move(high);
+  return detail::emit(detail::same_program(x, g, "select_and_scatter"), OpKind::select_and_scatter, {x.id(), g.id()},
+                      std::move(a));
+}
 // Per spatial dim of a convolution: stride, zero padding before and after, and the window's dilation. Empty
 // lists mean 1, 0, 0 and 1 for every spatial dim.
 struct ConvWindow {

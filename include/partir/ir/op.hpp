@@ -25,6 +25,8 @@ enum class OpKind : std::uint8_t {
   gather, scatter_add,  // embedding lookup along dim 0 of the table, and its transpose
   add_n,  // the sum of any number of same-typed values (a global norm's terms: see sharding/rules.hpp)
   convolution,  // x [N, spatial..., C] (NHWC) with w [window..., C, O] (HWIO) -> [N, spatial'..., O]
+  reduce_window_sum, reduce_window_max,  // pooling: a sum or max over a window slid over every dim (WindowDims)
+  select_and_scatter,  // (x, g): each window's g added at the first maximum of x in it (max pooling's gradient)
   count_
 };
 
@@ -54,6 +56,8 @@ inline const OpInfo& info(OpKind k) {
       {"pad", OpClass::other, 1},       {"concatenate", OpClass::other, -1},
       {"gather", OpClass::other, 2},    {"scatter_add", OpClass::other, 2},
       {"add_n", OpClass::other, -1},    {"convolution", OpClass::other, 2},
+      {"reduce_window_sum", OpClass::other, 1}, {"reduce_window_max", OpClass::other, 1},
+      {"select_and_scatter", OpClass::other, 2},
   }};
   return table[static_cast<std::size_t>(k)];
 }
@@ -106,13 +110,22 @@ struct ConvDims {
   friend bool operator==(const ConvDims&, const ConvDims&) = default;
 };
 
+// reduce_window_* and select_and_scatter, per operand dim (XLA's ReduceWindow): output position o reduces the
+// operand, dilated by base_dilation and padded by Attrs::lo / hi (with the reduction's identity: 0 or -inf),
+// at o * stride - lo + t * window_dilation for the window's taps t < window.
+struct WindowDims {
+  std::vector<std::int64_t> window, strides, base_dilation, window_dilation;
+  friend bool operator==(const WindowDims&, const WindowDims&) = default;
+};
+
 // One flat attribute record; each op kind reads the fields its comment names.
 struct Attrs {
   DotDims dot;                      // dot_general
   ConvDims conv;                    // convolution (padding in lo, hi)
+  WindowDims window;                // reduce_window_*, select_and_scatter (padding in lo, hi)
   std::vector<std::int64_t> dims;   // reduce_*: reduced dims; broadcast_in_dim: result dim of each operand
                                     // dim; transpose: permutation (result dim i = operand dim dims[i])
-  std::vector<std::int64_t> lo, hi; // slice: start/limit; pad, convolution: low/high padding (zeros)
+  std::vector<std::int64_t> lo, hi; // slice: start/limit; pad, convolution, windows: low/high padding
   std::int64_t axis = 0;            // concatenate: the joined dim
   Shape shape;                      // broadcast_in_dim, reshape, constant, scatter_add: result shape
   DType dtype = DType::f32;         // convert, constant, input: result dtype

@@ -55,6 +55,12 @@ inline std::string attrs_str(const Op& op) {
       return " {strides=" + list_str(a.conv.strides) + ", low=" + list_str(a.lo) + ", high=" + list_str(a.hi) +
              ", lhs_dilation=" + list_str(a.conv.lhs_dilation) + ", rhs_dilation=" + list_str(a.conv.rhs_dilation) +
              (a.conv.flip ? ", flip}" : "}");
+    case OpKind::reduce_window_sum:
+    case OpKind::reduce_window_max:
+    case OpKind::select_and_scatter:
+      return " {window=" + list_str(a.window.window) + ", strides=" + list_str(a.window.strides) + ", low=" +
+             list_str(a.lo) + ", high=" + list_str(a.hi) + ", base_dilation=" + list_str(a.window.base_dilation) +
+             ", window_dilation=" + list_str(a.window.window_dilation) + "}";
     default: return "";
   }
 }

@@ -190,6 +190,34 @@ inline TensorType infer_type(OpKind kind, std::span<const TensorType> in, const 
                     " and result " + to_string(a.shape));
       return {a.shape, in[1].dtype};
     }
+    case OpKind::reduce_window_sum:
+    case OpKind::reduce_window_max:
+    case OpKind::select_and_scatter: {
+      const std::int64_t r = in[0].rank();
+      const auto& w = a.window;
+      for (const auto* v : {&w.window, &w.strides, &w.base_dilation, &w.window_dilation, &a.lo, &a.hi})
+        if (static_cast<std::int64_t>(v->size()) != r)
+          return fail("needs a window size, stride, dilations and padding for each of the " + std::to_string(r) +
+                      " dims of " + show(0));
+      if (!is_float(in[0].dtype)) return fail("needs a floating-point operand, got " + show(0));
+      Shape out;
+      for (std::size_t d = 0; d < static_cast<std::size_t>(r); ++d) {
+        if (w.window[d] < 1 || w.strides[d] < 1 || w.base_dilation[d] < 1 || w.window_dilation[d] < 1)
+          return fail("window, stride and dilations must be >= 1 (dim " + std::to_string(d) + ")");
+        const std::int64_t size = in[0].shape[d];
+        const std::int64_t padded = (size > 0 ? (size - 1) * w.base_dilation[d] + 1 : 0) + a.lo[d] + a.hi[d];
+        const std::int64_t span = (w.window[d] - 1) * w.window_dilation[d] + 1;
+        if (span > padded)
+          return fail("window of " + std::to_string(span) + " on dim " + std::to_string(d) +
+                      " does not fit the padded operand of " + std::to_string(padded) + " (" + show(0) + ")");
+        out.push_back((padded - span) / w.strides[d] + 1);
+      }
+      if (kind != OpKind::select_and_scatter) return {out, in[0].dtype};
+      if (in[1] != TensorType{out, in[0].dtype})
+        return fail("the gradient " + show(1) + " must have the windows' type " + to_string(TensorType{out, in[0].dtype}) +
+                    " (operand " + show(0) + ")");
+      return in[0];
+    }
     case OpKind::convolution: {
       const std::int64_t r = in[0].rank(), spatial = r - 2;
       if (r < 3) return fail("input must be [batch, spatial..., features] (rank >= 3), got " + show(0));

@@ -39,6 +39,7 @@ concept Communicator = requires(C c, const Group& g, const void* in, void* out, 
   c.all_gather(g, in, out, n, t);
   c.reduce_scatter(g, in, out, n, t);
   c.all_to_all(g, in, out, n, t);
+  c.collective_permute(g, peer, in, peer, out, n, t);
   c.barrier();
 };
 

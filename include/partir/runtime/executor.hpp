@@ -43,6 +43,13 @@ inline Group group_of(const Mesh& mesh, std::int64_t device, const AxisList& axe
   return g;
 }
 
+// A collective_permute's target and source for the member at `position` of a group of k: group indices, -1
+// past either end.
+inline std::pair<int, int> permute_peers(const Collective& c, std::int64_t position, std::int64_t k) {
+  auto member = [&](std::int64_t q) { return q >= 0 && q < k ? static_cast<int>(q) : -1; };
+  return {member(position + c.shift), member(position - c.shift)};
+}
+
 template <Communicator C>
 Array run_collective(const Collective& c, const Array& in, const TensorType& result, const Mesh& mesh, C& comm) {
   const std::int64_t device = comm.device();
@@ -73,6 +80,12 @@ Array run_collective(const Collective& c, const Array& in, const TensorType& res
       layout::pack(in, c.to_dim, k, sent.data());
       comm.all_to_all(group, sent.data(), received.data(), in.size() / k, in.dtype());
       layout::unpack(received.data(), c.dim, k, out);
+      return out;
+    }
+    case CollectiveKind::collective_permute: {
+      const auto [to, from] = permute_peers(c, mesh.position(device, c.axes), k);
+      if (from < 0) std::memset(layout::bytes(out), 0, static_cast<std::size_t>(out.bytes()));
+      comm.collective_permute(group, to, layout::bytes(in), from, layout::bytes(out), in.size(), in.dtype());
       return out;
     }
     case CollectiveKind::send:

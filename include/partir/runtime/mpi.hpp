@@ -178,6 +178,11 @@ class Communicator {
   void all_to_all(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
     check(MPI_Alltoall(in, count(n), datatype(t), out, count(n), datatype(t), comm(g)), "MPI_Alltoall");
   }
+  void collective_permute(const Group& g, int to, const void* in, int from, void* out, std::int64_t n, DType t) {
+    check(MPI_Sendrecv(in, to >= 0 ? count(n) : 0, datatype(t), to >= 0 ? to : MPI_PROC_NULL, 0, out,
+                       from >= 0 ? count(n) : 0, datatype(t), from >= 0 ? from : MPI_PROC_NULL, 0, comm(g), MPI_STATUS_IGNORE),
+          "MPI_Sendrecv (collective_permute)");
+  }
   void barrier() {
     complete_sends(true);
     check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");

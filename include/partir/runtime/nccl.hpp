@@ -142,6 +142,21 @@ class Communicator {
     check(end, "ncclGroupEnd", c);
     s.finish(out, block * g.size());
   }
+  // One send and one receive, grouped so that a chain of neighbours runs at once instead of one after another.
+  void collective_permute(const Group& g, int to, const void* in, int from, void* out, std::int64_t n, DType t) {
+    const std::int64_t bytes = n * size_of(t);
+    Staging s(*this, in, out, to >= 0 ? bytes : 0, from >= 0 ? bytes : 0);
+    ncclComm_t c = comm(g);
+    check(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t r = ncclSuccess;  // the group is closed whatever happens (see all_to_all)
+    const char* failed = "ncclSend";
+    if (to >= 0) r = ncclSend(s.in, count(n), datatype(t), to, c, stream_);
+    if (r == ncclSuccess && from >= 0) r = ncclRecv(s.out, count(n), datatype(t), from, c, stream_), failed = "ncclRecv";
+    const ncclResult_t end = ncclGroupEnd();
+    check(r, failed, c);
+    check(end, "ncclGroupEnd", c);
+    s.finish(out, from >= 0 ? bytes : 0);
+  }
   // Every device's enqueued work done, then all devices together.
   void barrier() {
     synchronize();

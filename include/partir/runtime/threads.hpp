@@ -166,6 +166,12 @@ class Communicator {
                     static_cast<const std::byte*>(ins[i]) + static_cast<std::size_t>(me) * bytes, bytes);
     });
   }
+  // Each member copies from its source.
+  void collective_permute(const Group& g, int /*to*/, const void* in, int from, void* out, std::int64_t n, DType t) {
+    world_->exchange(g, g.index_of(device_), in, out, [&](const auto& ins, const auto&) {
+      if (from >= 0) std::memcpy(out, ins[static_cast<std::size_t>(from)], static_cast<std::size_t>(n * size_of(t)));
+    });
+  }
   void send(int peer, const void* data, std::int64_t n, DType t, std::int64_t tag) {
     world_->post(device_, peer, tag, data, static_cast<std::size_t>(n * size_of(t)));
   }

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "partir/ir/program.hpp"
+#include "partir/sharding/halo.hpp"
 
 namespace partir {
 
@@ -307,21 +308,76 @@ inline OpRule rule_for(const Op& op, std::span<const TensorType> in) {
       b.linear(PartialRule::product, {false, true});
       break;
     }
+    case OpKind::reduce_window_sum:
+    case OpKind::reduce_window_max:
+    case OpKind::select_and_scatter: {  // x [X...] (and g [P...]) -> [P...] ([X...]): a dim tiles where windows
+      // stay inside tiles (no halo: pooling's padding is no zeros), else it needs replication
+      const bool scatter = op.kind == OpKind::select_and_scatter;
+      const Shape& windows = scatter ? in[1].shape : out;
+      for (std::size_t d = 0; d < in[0].shape.size(); ++d) {
+        const ConvSpatialDim s = window_spatial_dim(op, in[0].shape, windows, d);
+        const HaloExchange h = halo_exchange(s, a.window.base_dilation[d]);
+        std::string why = std::string(name_of(op.kind)) + ": dim " + std::to_string(d) + ": ";
+        if (s.tiling == SpatialTiling::none)
+          why += "tiles of the operand (" + std::to_string(s.input) + ") and of the windows (" + std::to_string(s.output) +
+                 " x stride " + std::to_string(a.window.strides[d]) + ") would not start at the same positions";
+        else
+          why += "windows cross into the neighbouring tile (a pooling halo would need its padding value, not zeros)";
+        if (s.tiling == SpatialTiling::output && h.from_previous == 0 && h.from_next == 0) {
+          const int f = b.factor(s.shared());
+          b.rule.operands[0].push_back({f});
+          if (scatter) b.rule.operands[1].push_back({f});
+          b.rule.result.push_back({f});
+          continue;
+        }
+        b.rule.operands[0].push_back({b.factor(s.input, FactorKind::need_replication, why)});
+        if (scatter) b.rule.operands[1].push_back({b.factor(s.output, FactorKind::need_replication, why)});
+        b.rule.result.push_back({b.factor(scatter ? s.input : s.output, FactorKind::need_replication, why)});
+      }
+      if (op.kind == OpKind::reduce_window_sum) b.linear(PartialRule::sum, {true});
+      if (scatter) b.linear(PartialRule::product, {false, true});
+      break;
+    }
     case OpKind::convolution: {  // x [N, X..., C], w [K..., C, O] -> [N, P..., O]: the batch and output
-      // features pass through, the input features are a reduction (a partial sum, as a matmul's k), and
-      // windows read across spatial rows and taps.
+      // features pass through, the input features are a reduction (a partial sum, as a matmul's k), and each
+      // spatial dim tiles its input with its output or with its window (halo.hpp), else not at all.
       const std::size_t spatial = in[0].shape.size() - 2;
-      const std::string halo = "convolution: a window reads neighbouring positions of spatial dim ";
       auto& x = b.rule.operands[0];
       auto& w = b.rule.operands[1];
       const int batch = b.factor(in[0].shape[0]), features = b.factor(in[0].shape.back(), FactorKind::reduction);
       x.push_back({batch});
       b.rule.result.push_back({batch});
       for (std::size_t d = 0; d < spatial; ++d) {
-        const std::string why = halo + std::to_string(d) + " (tiling it needs a halo exchange)";
-        x.push_back({b.factor(in[0].shape[d + 1], FactorKind::need_replication, why)});
-        b.rule.result.push_back({b.factor(out[d + 1], FactorKind::need_replication, why)});
-        w.push_back({b.factor(in[1].shape[d], FactorKind::need_replication, "convolution: a window's taps are read together")});
+        const ConvSpatialDim s = conv_spatial_dim(op, in[0].shape, in[1].shape, d);
+        const std::string dim = "convolution: spatial dim " + std::to_string(d);
+        const std::string taps = dim + ": a window's taps are read together (tile the output instead)";
+        const std::string sums = dim + ": every output position sums the whole window";
+        switch (s.tiling) {
+          case SpatialTiling::output: {
+            const int f = b.factor(s.shared());
+            x.push_back({f});
+            b.rule.result.push_back({f});
+            w.push_back({b.factor(s.window, FactorKind::need_replication, taps)});
+            break;
+          }
+          case SpatialTiling::window: {
+            const int f = b.factor(s.shared(), FactorKind::reduction);
+            x.push_back({f});
+            w.push_back({f});
+            b.rule.result.push_back({b.factor(s.output, FactorKind::need_replication, sums)});
+            break;
+          }
+          case SpatialTiling::none: {
+            const std::string why = dim + ": tiles of the input (" + std::to_string(s.input) + " x dilation " +
+                                    std::to_string(op.attrs.conv.lhs_dilation[d]) + ") and of the output (" +
+                                    std::to_string(s.output) + " x stride " + std::to_string(op.attrs.conv.strides[d]) +
+                                    ") would not start at the same positions";
+            x.push_back({b.factor(s.input, FactorKind::need_replication, why)});
+            b.rule.result.push_back({b.factor(s.output, FactorKind::need_replication, why)});
+            w.push_back({b.factor(s.window, FactorKind::need_replication, taps)});
+            break;
+          }
+        }
       }
       x.push_back({features});
       w.push_back({features});

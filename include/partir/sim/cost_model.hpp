@@ -71,6 +71,11 @@ inline Work local_work(const Op& op, std::span<const TensorType> in) {
     w.flops = 2.0 * static_cast<double>(op.type.elements()) * taps_features;
     w.gemm_dim = std::min({N > 0 ? static_cast<double>(op.type.elements()) / (N * O) : 0.0, taps_features, O});
   }
+  // Pooling: one operation per output element and tap (its gradient: per window and tap).
+  if (op.kind == OpKind::reduce_window_sum || op.kind == OpKind::reduce_window_max || op.kind == OpKind::select_and_scatter) {
+    const TensorType& windows = op.kind == OpKind::select_and_scatter ? in[1] : op.type;
+    w.flops = static_cast<double>(windows.elements() * num_elements(op.attrs.window.window));
+  }
   if (const double per_point = flops_per_point(op.kind); per_point > 0) {
     double points = 1;
     for (const auto& f : rule_for(op, in).factors) points *= static_cast<double>(f.size);
@@ -88,12 +93,17 @@ inline double roofline_seconds(const Work& w, OpKind k, DType t, const HardwareP
   return hw.op_overhead + std::max(compute, memory);
 }
 
+// Transfers that move one buffer one hop (pipeline sends, halo exchanges), not around a ring.
+inline bool is_point_to_point(CollectiveKind k) {
+  return k == CollectiveKind::send || k == CollectiveKind::recv || k == CollectiveKind::collective_permute;
+}
+
 // Ring time of a collective moving a buffer of `bytes` (the larger of operand and result) over n devices.
 // A link with measured points: between two of them, interpolated linearly; above the largest, at its rate
 // (seconds per byte); below the smallest, the ring formula.
 inline double ring_seconds(CollectiveKind k, std::int64_t n, double bytes, const Link& link) {
   if (n <= 1 || k == CollectiveKind::all_slice) return 0;
-  if (k == CollectiveKind::send || k == CollectiveKind::recv) return link.alpha + link.beta * bytes;  // one hop
+  if (is_point_to_point(k)) return link.alpha + link.beta * bytes;  // one hop
   const auto& m = link.measured;
   if (!m.empty() && bytes >= m.front().first) {
     for (std::size_t i = 1; i < m.size(); ++i)
@@ -110,7 +120,7 @@ inline double ring_seconds(CollectiveKind k, std::int64_t n, double bytes, const
 // Bytes each device sends in the ring algorithm: what ZeRO's "2 Psi per device" counts.
 inline double wire_bytes(CollectiveKind k, std::int64_t n, double bytes) {
   if (n <= 1 || k == CollectiveKind::all_slice || k == CollectiveKind::recv) return 0;
-  if (k == CollectiveKind::send) return bytes;
+  if (k == CollectiveKind::send || k == CollectiveKind::collective_permute) return bytes;
   const double steps = static_cast<double>((k == CollectiveKind::all_reduce ? 2 : 1) * (n - 1));
   return steps * bytes / static_cast<double>(n);
 }

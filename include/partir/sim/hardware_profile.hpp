@@ -38,10 +38,10 @@ struct LinkRule {
 
 inline CollectiveKind parse_collective_kind(std::string_view s) {
   for (auto k : {CollectiveKind::all_gather, CollectiveKind::all_slice, CollectiveKind::all_reduce,
-                 CollectiveKind::reduce_scatter, CollectiveKind::all_to_all})
+                 CollectiveKind::reduce_scatter, CollectiveKind::all_to_all, CollectiveKind::collective_permute})
     if (name_of(k) == s) return k;
   user_error("unknown collective '" + std::string(s) +
-             "' (expected all_gather, all_slice, all_reduce, reduce_scatter or all_to_all)");
+             "' (expected all_gather, all_slice, all_reduce, reduce_scatter, all_to_all or collective_permute)");
 }
 
 inline OpKind parse_op_kind(std::string_view s) {

@@ -95,8 +95,7 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw) {
       if (s.collective && s.collective->kind != CollectiveKind::all_slice) {
         const Collective& c = *s.collective;
         t.communication = true;
-        const bool p2p = c.kind == CollectiveKind::send || c.kind == CollectiveKind::recv;
-        t.group_size = p2p ? 2 : group_size(c, mesh);
+        t.group_size = is_point_to_point(c.kind) ? 2 : group_size(c, mesh);
         t.bytes = static_cast<double>(std::max(operand_types.empty() ? 0 : operand_types[0].bytes(), s.op.type.bytes()));
         t.wire_bytes = wire_bytes(c.kind, t.group_size, t.bytes);
         t.seconds = ring_seconds(c.kind, t.group_size, t.bytes, hw.link(c.kind, c.axes, t.group_size));

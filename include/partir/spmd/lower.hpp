@@ -18,6 +18,7 @@
 // dim a slice or concatenate changes), the op runs with those axes replicated and later uses reshard.
 #include <map>
 
+#include "partir/sharding/halo.hpp"
 #include "partir/sharding/partitioned.hpp"
 #include "partir/sharding/rules.hpp"
 #include "partir/spmd/pipeline.hpp"
@@ -381,6 +382,77 @@ class Lowering {
     return out;
   }
 
+  // A convolution whose spatial dims are tiled (sharding/halo.hpp): each tile receives the rows its windows
+  // read from the neighbouring tiles, by one collective_permute each way, and the local convolution pads what
+  // the received rows do not cover. Tiles smaller than the halo would need rows of farther tiles: refused.
+  void exchange_halos(ValueId v, const OpRule& rule, const std::vector<AxisList>& factor_axes, Op& local) {
+    const Op& op = prog_.op(v);
+    const Shape& xs = prog_.type(op.operands[0]).shape;
+    for (std::size_t d = 0; d + 2 < xs.size(); ++d) {
+      const auto dim = static_cast<std::int64_t>(d + 1);
+      const AxisList& axes = factor_axes[static_cast<std::size_t>(rule.operands[0][d + 1].at(0))];
+      if (axes.empty()) continue;
+      const ConvSpatialDim s = conv_spatial_dim(op, xs, prog_.type(op.operands[1]).shape, d);
+      const HaloExchange h = halo_exchange(s, op.attrs.conv.lhs_dilation[d]);
+      ValueId x = local.operands[0];
+      const TensorType tile = out_.type(x);
+      const Sharding layout = layout_of(x);
+      const std::int64_t rows = tile.shape[d + 1];
+      std::string origin;
+      for (const auto& a : axes) origin += (origin.empty() ? "" : ", ") + axis_origin(op.operands[0], a);
+      const std::string where = "convolution " + prog_.label(v) + ": spatial dim " + std::to_string(d) + " of " +
+                                prog_.label(op.operands[0]) + " tiled on " + origin;
+      auto count_rows = [](std::int64_t n) { return std::to_string(n) + (n == 1 ? " row" : " rows"); };
+      if (h.from_previous > rows || h.from_next > rows)
+        user_error(where + " into tiles of " + count_rows(rows) + ", but each tile's windows read " +
+                   count_rows(std::max(h.from_previous, h.from_next)) + " of a neighbouring tile (a halo exchange "
+                   "reaches only the next tile: use fewer tiles on " + to_string(axes) + " or larger inputs)");
+      auto rows_of = [&](std::int64_t begin, std::int64_t end) {
+        Op slice{OpKind::slice, {x}, {}, tile, ""};
+        slice.attrs.lo.assign(tile.shape.size(), 0);
+        slice.attrs.hi = tile.shape;
+        slice.attrs.lo[d + 1] = begin;
+        slice.attrs.hi[d + 1] = end;
+        slice.type.shape[d + 1] = end - begin;
+        return emit(std::move(slice), layout);
+      };
+      auto permute = [&](ValueId piece, std::int64_t count, std::int64_t shift) {
+        const std::string why = where + ": its windows read " + count_rows(count) + " of the " +
+                                (shift > 0 ? "previous" : "next") + " tile (halo exchange)";
+        return emit(Op{OpKind::input, {piece}, {}, out_.type(piece), ""}, layout,
+                    Collective{CollectiveKind::collective_permute, axes, dim, -1, why, -1, -1, shift});
+      };
+      std::vector<ValueId> parts;
+      if (h.from_previous) parts.push_back(permute(rows_of(rows - h.from_previous, rows), h.from_previous, 1));
+      parts.push_back(x);
+      if (h.from_next) parts.push_back(permute(rows_of(0, h.from_next), h.from_next, -1));
+      if (parts.size() > 1) {
+        Op joined{OpKind::concatenate, parts, {}, tile, ""};
+        joined.attrs.axis = dim;
+        joined.type.shape[d + 1] += h.from_previous + h.from_next;
+        x = emit(std::move(joined), layout);
+      }
+      local.operands[0] = x;
+      local.attrs.lo[d] = h.lo;
+      local.attrs.hi[d] = h.hi;
+    }
+  }
+
+  // Pooling on tiles: the rule tiles a windowed dim only where no window leaves its tile, so a tile needs no
+  // halo, only the padding that crops what its last window does not read.
+  void pad_window_tiles(ValueId v, const OpRule& rule, const std::vector<AxisList>& factor_axes, Op& local) const {
+    const Op& op = prog_.op(v);
+    const Shape& xs = prog_.type(op.operands[0]).shape;
+    const Shape& windows = op.kind == OpKind::select_and_scatter ? prog_.type(op.operands[1]).shape : op.type.shape;
+    for (std::size_t d = 0; d < xs.size(); ++d) {
+      if (factor_axes[static_cast<std::size_t>(rule.operands[0][d].at(0))].empty()) continue;
+      const HaloExchange h = halo_exchange(window_spatial_dim(op, xs, windows, d), op.attrs.window.base_dilation[d]);
+      if (h.from_previous || h.from_next) internal_error("lower: pooling %" + std::to_string(v) + " tiled with a halo");
+      local.attrs.lo[d] = h.lo;
+      local.attrs.hi[d] = h.hi;
+    }
+  }
+
   void lower_op(ValueId v) {
     const Op& op = prog_.op(v);
     const TensorType& type = op.type;
@@ -408,7 +480,8 @@ class Lowering {
     std::vector<AxisList> factor_axes(rule.factors.size());
     Sharding got = Sharding::replicated(type.rank());  // what the local op will compute
     // Result factors present in no operand can be tiled only where each tile is computed alike (a
-    // broadcast's new dims) or by row ownership (scatter_add's table rows); elsewhere they stay whole.
+    // broadcast's new dims) or by row ownership (scatter_add's table rows); elsewhere they stay whole, as do
+    // factors that need replication (a plan may tile such a result dim from its users' side).
     auto in_operand = [&](int f) {
       for (std::size_t i = 0; i < rule.operands.size(); ++i)
         if (rule.operand_dim(i, f) >= 0) return true;
@@ -420,9 +493,12 @@ class Lowering {
       auto parts = split(want.dims[d], factors, rule);
       if (!parts) continue;
       bool local_ok = true;
-      for (std::size_t k = 0; k < factors.size(); ++k)
-        if (!(*parts)[k].empty() && !in_operand(factors[k]))
+      for (std::size_t k = 0; k < factors.size(); ++k) {
+        if ((*parts)[k].empty()) continue;
+        if (rule.factors[static_cast<std::size_t>(factors[k])].kind == FactorKind::need_replication) local_ok = false;
+        if (!in_operand(factors[k]))
           local_ok = local_ok && (op.kind == OpKind::broadcast_in_dim || (op.kind == OpKind::scatter_add && d == 0));
+      }
       if (!local_ok) continue;
       for (std::size_t k = 0; k < factors.size(); ++k) factor_axes[static_cast<std::size_t>(factors[k])] = (*parts)[k];
       got.dims[d] = want.dims[d];
@@ -529,8 +605,11 @@ class Lowering {
     if (op.kind == OpKind::slice)  // a tiled dim passes whole (the rule allows it only so): keep all of the tile
       for (std::size_t d = 0; d < local.attrs.hi.size(); ++d)
         if (out_.type(operands[0]).shape[d] != prog_.type(op.operands[0]).shape[d]) local.attrs.hi[d] = out_.type(operands[0]).shape[d];
+    if (op.kind == OpKind::convolution) exchange_halos(v, rule, factor_axes, local);
+    if (op.kind == OpKind::reduce_window_sum || op.kind == OpKind::reduce_window_max || op.kind == OpKind::select_and_scatter)
+      pad_window_tiles(v, rule, factor_axes, local);
     std::vector<TensorType> operand_types;
-    for (auto o : operands) operand_types.push_back(out_.type(o));
+    for (auto o : local.operands) operand_types.push_back(out_.type(o));
     const TensorType inferred = infer_type(local.kind, operand_types, local.attrs);
     if (inferred != local.type)
       internal_error("lower: local " + std::string(name_of(op.kind)) + " %" + std::to_string(v) + " infers " +

@@ -14,7 +14,9 @@
 
 namespace partir {
 
-enum class CollectiveKind : std::uint8_t { all_gather, all_slice, all_reduce, reduce_scatter, all_to_all, send, recv };
+enum class CollectiveKind : std::uint8_t {
+  all_gather, all_slice, all_reduce, reduce_scatter, all_to_all, send, recv, collective_permute
+};
 
 inline std::string_view name_of(CollectiveKind k) {
   switch (k) {
@@ -25,6 +27,7 @@ inline std::string_view name_of(CollectiveKind k) {
     case CollectiveKind::all_to_all: return "all_to_all";
     case CollectiveKind::send: return "send";
     case CollectiveKind::recv: return "recv";
+    case CollectiveKind::collective_permute: return "collective_permute";
   }
   return "?";
 }
@@ -42,6 +45,8 @@ inline std::string_view name_of(CollectiveKind k) {
 //                   axis `axes` (the device there at this device's position on every other axis); the result
 //                   names the moved value and holds nothing
 //   recv:           the value that the send operands[0] (same `tag`) moves here from stage `peer`
+//   collective_permute: the operand of the member at position p goes to the member at p + `shift` (a halo
+//                   exchange between neighbouring tiles); a member with no source gets zeros
 struct Collective {
   CollectiveKind kind = CollectiveKind::all_reduce;
   AxisList axes;
@@ -50,6 +55,7 @@ struct Collective {
   std::string reason;  // why lowering needed it: the op, the operand, the tactic or conflict behind it
   std::int64_t peer = -1;  // send / recv: the other stage
   std::int64_t tag = -1;   // send / recv: matches the two ends
+  std::int64_t shift = 0;  // collective_permute
   friend bool operator==(const Collective&, const Collective&) = default;
 };
 
@@ -196,6 +202,7 @@ inline std::string to_string(const Collective& c) {
   if (c.dim >= 0) s += " dim " + std::to_string(c.dim);
   if (c.to_dim >= 0) s += " to dim " + std::to_string(c.to_dim);
   if (c.peer >= 0) s += (c.kind == CollectiveKind::send ? " to stage " : " from stage ") + std::to_string(c.peer);
+  if (c.shift) s += " shift " + std::to_string(c.shift);
   return s;
 }
 
@@ -215,6 +222,7 @@ inline std::ostream& operator<<(std::ostream& os, const SpmdProgram& p) {
       if (c.dim >= 0) os << ", dim=" << c.dim;
       if (c.to_dim >= 0) os << ", to_dim=" << c.to_dim;
       if (c.peer >= 0) os << ", peer=" << c.peer << ", tag=" << c.tag;
+      if (c.shift) os << ", shift=" << c.shift;
       os << "}" << (s.stage >= 0 ? " @" + std::to_string(s.stage) : "") << " : " << to_string(s.op.type) << "  # " << c.reason << "\n";
       continue;
     }

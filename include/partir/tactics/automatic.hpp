@@ -10,7 +10,8 @@
 // - a group is the inputs (and tagged values) that should move together: a parameter with its optimizer state
 //   (opt/adam/m/<param>, ...), and the same value in every layer (names equal up to numeric path segments,
 //   params/layers/*/mlp/w1), so a 12-layer transformer has as many actions as one layer;
-// - only dims whose size divides by the tiles they would have, on values not yet using the axis or kept off it.
+// - only dims whose size divides by the tiles they would have, on values not yet using the axis or kept off it;
+//   a plan that lowering refuses (a convolution's halo wider than its tiles) is never chosen.
 // Two action sequences that propagate to the same shardings are one candidate (evaluated once).
 //
 // Two strategies, both deterministic: Monte Carlo tree search (UCT, random rollouts from a seeded generator) and
@@ -22,6 +23,7 @@
 #include <cmath>
 #include <exception>
 #include <optional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <ostream>
@@ -389,6 +391,9 @@ class AutoSearch {
       for (std::size_t j; (j = next++) < fresh.size();) try {
           const Report rep = simulate(lower(Partitioned(plans[fresh[j]].state, {})), profile_);
           results[j] = {rep.step_seconds, rep.peak_bytes};
+        } catch (const UserError&) {  // a plan lowering refuses (a halo wider than a tile): never the best
+          results[j] = {std::numeric_limits<double>::infinity(), std::numeric_limits<std::int64_t>::max()};
+          if (seen_.empty() && j == 0) errors[j] = std::current_exception();  // the earlier tactics' plan itself
         } catch (...) {
           errors[j] = std::current_exception();
         }

@@ -10,6 +10,9 @@
 //                        dim 0, the experts; the MoE layers' hand-over values (…/dispatched, …/returned by
 //                        group; …/expert_in, …/expert_out by expert; and their grad/ cotangents) fix each
 //                        side's layout, so tokens cross devices by one all_to_all each way per layer and pass
+//   spatial(axis)        SP: every image-like data input ([batch, spatial..., features], rank >= 3) tiled on
+//                        its first spatial dim (the rows); convolutions exchange halos between neighbouring
+//                        tiles (sharding/halo.hpp), as GSPMD's spatial partitioning
 //   zero2(axis)          Z2: optimizer state tiled on `axis`; the gradient all_reduce becomes a
 //                        reduce_scatter and the updated parameters are all-gathered
 //   zero3(axis)          Z3: parameters too; each is all-gathered where it is used
@@ -31,21 +34,40 @@
 
 namespace partir {
 
+namespace detail {
+// Tiles dim `dim` of every data input of rank >= min_rank on `axis`; how many it tiled.
+inline int tile_data_inputs(PartitionState& s, const std::string& axis, std::int64_t dim, std::int64_t min_rank) {
+  const int a = s.axis(axis);
+  int tiled = 0;
+  for (ValueId v : s.program().inputs()) {
+    const Op& op = s.program().op(v);
+    if (op.attrs.input_kind != InputKind::data || op.type.rank() < min_rank) continue;
+    s.tile(v, dim, a);
+    ++tiled;
+  }
+  return tiled;
+}
+}  // namespace detail
+
 struct DataParallel {
   std::string axis;
   std::string name() const { return "bp(" + axis + ")"; }
   void apply(PartitionState& s) const {
-    const int a = s.axis(axis);
-    int tiled = 0;
-    for (ValueId v : s.program().inputs()) {
-      const Op& op = s.program().op(v);
-      if (op.attrs.input_kind != InputKind::data || op.type.rank() == 0) continue;
-      s.tile(v, 0, a);
-      ++tiled;
-    }
-    if (!tiled) user_error(s.tactic_label() + ": program '" + s.program().name() + "' has no data input to tile");
+    if (!detail::tile_data_inputs(s, axis, 0, 1))
+      user_error(s.tactic_label() + ": program '" + s.program().name() + "' has no data input to tile");
   }
   friend bool operator==(const DataParallel&, const DataParallel&) = default;
+};
+
+struct SpatialParallel {
+  std::string axis;
+  std::string name() const { return "sp(" + axis + ")"; }
+  void apply(PartitionState& s) const {
+    if (!detail::tile_data_inputs(s, axis, 1, 3))
+      user_error(s.tactic_label() + ": program '" + s.program().name() +
+                 "' has no data input with spatial dims ([batch, spatial..., features], rank >= 3) to tile");
+  }
+  friend bool operator==(const SpatialParallel&, const SpatialParallel&) = default;
 };
 
 struct Megatron {
@@ -165,6 +187,7 @@ struct MultiQuery {
 };
 
 inline DataParallel data_parallel(std::string axis) { return {std::move(axis)}; }
+inline SpatialParallel spatial(std::string axis) { return {std::move(axis)}; }
 inline Megatron megatron(std::string axis) { return {std::move(axis)}; }
 inline Zero zero2(std::string axis) { return {std::move(axis), 2}; }
 inline Zero zero3(std::string axis) { return {std::move(axis), 3}; }
@@ -175,12 +198,12 @@ inline ManualPartition embedding(std::string axis, std::int64_t dim = 0) {
 inline MultiQuery multi_query(std::string axis) { return {std::move(axis)}; }
 inline ExpertParallel expert_parallel(std::string axis) { return {std::move(axis)}; }
 
-// "bp,mp,z3" with BP and ZeRO on `batch_axis`, MP, EMB and MQ on `model_axis`, EP on `expert_axis` and PP
-// (1F1B; pp:gpipe for GPipe) on `stage_axis` (the examples' --schedule flag). "auto:<axis>" (or "auto", on `model_axis`) is an AutomaticPartition with default settings whose
+// "bp,mp,z3" with BP and ZeRO on `batch_axis`, MP, EMB and MQ on `model_axis`, EP on `expert_axis`, SP on
+// `spatial_axis` and PP (1F1B; pp:gpipe for GPipe) on `stage_axis` (the examples' --schedule flag). "auto:<axis>" (or "auto", on `model_axis`) is an AutomaticPartition with default settings whose
 // `report` is set, so a caller can print what it chose.
 inline Schedule parse_schedule(std::string_view text, const std::string& batch_axis = "batch",
                                const std::string& model_axis = "model", const std::string& stage_axis = "stage",
-                               const std::string& expert_axis = "expert") {
+                               const std::string& expert_axis = "expert", const std::string& spatial_axis = "space") {
   Schedule out;
   std::size_t start = 0;
   while (start < text.size()) {
@@ -195,6 +218,7 @@ inline Schedule parse_schedule(std::string_view text, const std::string& batch_a
     else if (item == "pp:gpipe") out.push_back(pipeline(stage_axis, PipelineSchedule::gpipe));
     else if (item == "mq") out.push_back(multi_query(model_axis));
     else if (item == "ep") out.push_back(expert_parallel(expert_axis));
+    else if (item == "sp") out.push_back(spatial(spatial_axis));
     else if (item == "auto" || item.starts_with("auto:")) {
       const std::string axis = item == "auto" ? model_axis : std::string(item.substr(5));
       if (axis.empty()) user_error("schedule '" + std::string(text) + "': 'auto:' needs an axis, as in auto:model");
@@ -203,7 +227,7 @@ inline Schedule parse_schedule(std::string_view text, const std::string& batch_a
     }
     else if (item != "none")
       user_error("schedule '" + std::string(text) + "': unknown tactic '" + std::string(item) +
-                 "' (expected none, bp, mp, z2, z3, emb, mq, ep, pp, pp:gpipe, auto:<axis>)");
+                 "' (expected none, bp, mp, z2, z3, emb, mq, ep, sp, pp, pp:gpipe, auto:<axis>)");
     start = end + 1;
   }
   return out;

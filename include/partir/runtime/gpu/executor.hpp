@@ -134,6 +134,12 @@ class Runner {
         give(received);
         return out;
       }
+      case CollectiveKind::collective_permute: {
+        const auto [to, from] = partir::detail::permute_peers(c, mesh_.position(device, c.axes), k);
+        if (from < 0) check_cuda(cudaMemsetAsync(out.data, 0, static_cast<std::size_t>(result.bytes()), stream_), "cudaMemsetAsync");
+        comm_.collective_permute(group, to, in.data, from, out.data, in.type.elements(), t);
+        return out;
+      }
       case CollectiveKind::send:
       case CollectiveKind::recv: break;  // execute() refuses pipelined programs
     }
@@ -157,8 +163,8 @@ class Runner {
     switch (op.kind) {
       case K::input: case K::count_:
         internal_error("gpu executor: no kernel for " + std::string(name_of(op.kind)));
-      case K::convolution:
-        user_error("convolution: no GPU kernel yet; run convolutions on the threads or mpi backend");
+      case K::convolution: case K::reduce_window_sum: case K::reduce_window_max: case K::select_and_scatter:
+        user_error(std::string(name_of(op.kind)) + ": no GPU kernel yet; run it on the threads or mpi backend");
       case K::constant:
         if (a.literal.size() == 1) {
           launch::fill(op.type.dtype, a.literal[0], out.data, n, stream_);

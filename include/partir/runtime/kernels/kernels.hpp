@@ -370,6 +370,52 @@ void convolution(const Array& x, const Array& w, const Attrs& a, Array& out) {
   }
 }
 
+// reduce_window_* (take_max: max, else sum) and select_and_scatter (WindowDims in op.hpp): one visit per output
+// position and tap, taps in row-major order; taps on padding or between dilated elements hold the identity.
+// select_and_scatter adds g at each window's first maximum of x (as XLA's select `ge` and PyTorch's max_pool
+// backward pick it); a window of padding only adds nowhere.
+template <class T, OpKind kind>
+void windows(const Array& x, const Array* g, const Attrs& a, Array& out) {
+  const auto& w = a.window;
+  const std::size_t rank = x.shape().size();
+  const Shape& positions = kind == OpKind::select_and_scatter ? g->shape() : out.shape();
+  const Strides x_strides = row_major_strides(x.shape());
+  const std::int64_t taps = num_elements(w.window);
+  constexpr bool take_max = kind != OpKind::reduce_window_sum;
+  if (kind == OpKind::select_and_scatter) vec<T>(out).setZero();
+  std::vector<std::int64_t> at(rank), tap(rank);
+  for (std::int64_t o = 0; o < num_elements(positions); ++o) {
+    for (std::size_t i = rank, rest = static_cast<std::size_t>(o); i-- > 0;) {
+      at[i] = static_cast<std::int64_t>(rest) % positions[i];
+      rest /= static_cast<std::size_t>(positions[i]);
+    }
+    T best = take_max ? -std::numeric_limits<T>::infinity() : T(0);
+    std::int64_t best_at = -1;
+    for (std::int64_t k = 0; k < taps; ++k) {
+      for (std::size_t i = rank, rest = static_cast<std::size_t>(k); i-- > 0;) {
+        tap[i] = static_cast<std::int64_t>(rest) % w.window[i];
+        rest /= static_cast<std::size_t>(w.window[i]);
+      }
+      std::int64_t offset = 0;
+      bool inside = true;
+      for (std::size_t i = 0; i < rank && inside; ++i) {
+        const std::int64_t q = at[i] * w.strides[i] + tap[i] * w.window_dilation[i] - a.lo[i];  // on the dilated operand
+        inside = q >= 0 && q % w.base_dilation[i] == 0 && q / w.base_dilation[i] < x.shape()[i];
+        offset += q / w.base_dilation[i] * x_strides[i];
+      }
+      if (!inside) continue;
+      const T v = ptr<T>(x)[offset];
+      if (!take_max) best += v;
+      else if (best_at < 0 || v > best) best = v, best_at = offset;
+    }
+    if (kind == OpKind::select_and_scatter) {
+      if (best_at >= 0) ptr<T>(out)[best_at] += ptr<T>(*g)[o];
+    } else {
+      ptr<T>(out)[o] = best;
+    }
+  }
+}
+
 // Walks the input once in memory order. After fusing dims, the innermost run is either reduced (one
 // vectorized sum/max per run) or kept (added as a vector into the output row), which covers both
 // "reduce the last dims" and "reduce the leading dims" without strided inner loops.
@@ -839,6 +885,16 @@ Array eval(const Op& op, const Operands& operands) {
       break;
     case K::convolution:
       k::visit_float_dtype(x.dtype(), op.kind, [&](auto t) { k::convolution<decltype(t)>(x, *operands[1], a, out); });
+      break;
+    case K::reduce_window_sum:
+      k::visit_float_dtype(x.dtype(), op.kind, [&](auto t) { k::windows<decltype(t), K::reduce_window_sum>(x, nullptr, a, out); });
+      break;
+    case K::reduce_window_max:
+      k::visit_float_dtype(x.dtype(), op.kind, [&](auto t) { k::windows<decltype(t), K::reduce_window_max>(x, nullptr, a, out); });
+      break;
+    case K::select_and_scatter:
+      k::visit_float_dtype(x.dtype(), op.kind,
+                           [&](auto t) { k::windows<decltype(t), K::select_and_scatter>(x, operands[1], a, out); });
       break;
     case K::gather:
       each_stored_type([&](auto t) { k::gather<decltype(t)>(x, *operands[1], out); });
