@@ -98,7 +98,7 @@ TEST_CASE("cost model: FLOPs from the rule's iteration space, bytes read and wri
   CHECK(sum.bytes == (20 + 4) * 4);
 
   // A 3x3 convolution [2, 8, 8, 3] -> [2, 4, 4, 5] at stride 2: a multiply-add per output element, tap and
-  // input feature; its im2col GEMM per image is [16 positions, 27] x [27, 5].
+  // input feature; its im2col GEMM is [2 images x 16 positions, 27] x [27, 5].
   Attrs window;
   window.conv = {{2, 2}, {1, 1}, {1, 1}};
   window.lo = window.hi = {1, 1};
@@ -106,6 +106,11 @@ TEST_CASE("cost model: FLOPs from the rule's iteration space, bytes read and wri
   const Work conv = local_work(local_op(OpKind::convolution, {0, 1}, {{2, 4, 4, 5}}, window), conv_in);
   CHECK(conv.flops == 2 * (2 * 4 * 4 * 5) * (3 * 3 * 3));
   CHECK(conv.gemm_dim == 5);
+  // With 64 output features taps x C bound it (27); with 2x2 positions, the rows of all 4 images do (16).
+  const std::vector<TensorType> wide_in{{{2, 8, 8, 3}}, {{3, 3, 3, 64}}};
+  CHECK(local_work(local_op(OpKind::convolution, {0, 1}, {{2, 4, 4, 64}}, window), wide_in).gemm_dim == 27);
+  const std::vector<TensorType> few_positions{{{4, 4, 4, 3}}, {{3, 3, 3, 64}}};
+  CHECK(local_work(local_op(OpKind::convolution, {0, 1}, {{4, 2, 2, 64}}, window), few_positions).gemm_dim == 16);
 
   Attrs perm;
   perm.dims = {1, 0};

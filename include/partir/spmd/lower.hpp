@@ -16,6 +16,8 @@
 // the ZeRO paper schedules it: 1.5x DP's bytes).
 // Where the result's sharding cannot be computed locally (an axis straddling a reshape's factors, a tiled
 // dim a slice or concatenate changes), the op runs with those axes replicated and later uses reshard.
+// A convolution with tiled spatial dims first brings each tile its halo from the neighbouring tiles
+// (collective_permute, sharding/halo.hpp).
 #include <map>
 
 #include "partir/sharding/halo.hpp"

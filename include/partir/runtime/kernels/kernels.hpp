@@ -326,9 +326,13 @@ void scatter_add(const Array& indices, const Array& updates, Array& out) {
   }
 }
 
-// x [N, spatial..., C], w [window..., C, O] -> out [N, spatial'..., O] (ConvDims in op.hpp). Per batch element,
-// im2col: row p of `patches` holds the C features under each tap of output position p's window (zeros off the
-// input or between dilated elements), taps major; then one GEMM with w read as [taps * C, O].
+// Below this many rows + contracting + columns a GEMM is a few sums, computed in a fixed order (see batched_gemm).
+inline constexpr std::int64_t gemm_min_size = 20;
+
+// x [N, spatial..., C], w [window..., C, O] -> out [N, spatial'..., O] (ConvDims in op.hpp). im2col: row p of an
+// image's patches holds the C features under each tap of output position p's window (zeros off the input or
+// between dilated elements), taps major; then one GEMM [images x P, taps x C] x [taps x C, O] on the GEMM engine
+// in use (gemm_engine.hpp) per group of images whose patches fit in 64 MiB.
 template <class T>
 void convolution(const Array& x, const Array& w, const Attrs& a, Array& out) {
   const auto& c = a.conv;
@@ -336,37 +340,58 @@ void convolution(const Array& x, const Array& w, const Attrs& a, Array& out) {
   const std::int64_t N = x.shape()[0], C = x.shape().back(), O = w.shape().back();
   const Shape in(x.shape().begin() + 1, x.shape().end() - 1), taps(w.shape().begin(), w.shape().begin() + static_cast<std::ptrdiff_t>(spatial)),
       positions(out.shape().begin() + 1, out.shape().end() - 1);
-  const std::int64_t P = num_elements(positions), K = num_elements(taps), X = num_elements(in);
+  const std::int64_t P = num_elements(positions), K = num_elements(taps), X = num_elements(in), row = K * C;
+  if (N * P * O == 0) return;
   const Strides in_strides = row_major_strides(in);
-  using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  Matrix patches = Matrix::Zero(P, K * C);
-  const Eigen::Map<const Matrix> kernel(ptr<T>(w), K * C, O);
+  // The input position each (output position, tap) reads, -1 for padding and dilation holes: the same in every image.
+  std::vector<std::int64_t> source(static_cast<std::size_t>(P * K));
   std::vector<std::int64_t> at(spatial), tap(spatial);
-  for (std::int64_t n = 0; n < N; ++n) {
-    for (std::int64_t p = 0; p < P; ++p) {
-      for (std::int64_t i = static_cast<std::int64_t>(spatial) - 1, rest = p; i >= 0; --i) {
-        at[static_cast<std::size_t>(i)] = rest % positions[static_cast<std::size_t>(i)];
-        rest /= positions[static_cast<std::size_t>(i)];
-      }
-      for (std::int64_t k = 0; k < K; ++k) {
-        for (std::int64_t i = static_cast<std::int64_t>(spatial) - 1, rest = k; i >= 0; --i) {
-          tap[static_cast<std::size_t>(i)] = rest % taps[static_cast<std::size_t>(i)];
-          rest /= taps[static_cast<std::size_t>(i)];
-        }
-        std::int64_t offset = 0;
-        bool inside = true;
-        for (std::size_t i = 0; i < spatial && inside; ++i) {
-          const std::int64_t t = c.flip ? taps[i] - 1 - tap[i] : tap[i];
-          const std::int64_t q = at[i] * c.strides[i] + t * c.rhs_dilation[i] - a.lo[i];  // on the dilated input
-          inside = q >= 0 && q % c.lhs_dilation[i] == 0 && q / c.lhs_dilation[i] < in[i];
-          offset += q / c.lhs_dilation[i] * in_strides[i];
-        }
-        auto row = patches.row(p).segment(k * C, C);
-        if (inside) row = Eigen::Map<const Eigen::Matrix<T, 1, Eigen::Dynamic>>(ptr<T>(x) + (n * X + offset) * C, C);
-        else row.setZero();
-      }
+  for (std::int64_t p = 0; p < P; ++p) {
+    for (std::int64_t i = static_cast<std::int64_t>(spatial) - 1, rest = p; i >= 0; --i) {
+      at[static_cast<std::size_t>(i)] = rest % positions[static_cast<std::size_t>(i)];
+      rest /= positions[static_cast<std::size_t>(i)];
     }
-    Eigen::Map<Matrix>(ptr<T>(out) + n * P * O, P, O).noalias() = patches * kernel;
+    for (std::int64_t k = 0; k < K; ++k) {
+      for (std::int64_t i = static_cast<std::int64_t>(spatial) - 1, rest = k; i >= 0; --i) {
+        tap[static_cast<std::size_t>(i)] = rest % taps[static_cast<std::size_t>(i)];
+        rest /= taps[static_cast<std::size_t>(i)];
+      }
+      std::int64_t offset = 0;
+      bool inside = true;
+      for (std::size_t i = 0; i < spatial && inside; ++i) {
+        const std::int64_t t = c.flip ? taps[i] - 1 - tap[i] : tap[i];
+        const std::int64_t q = at[i] * c.strides[i] + t * c.rhs_dilation[i] - a.lo[i];  // on the dilated input
+        inside = q >= 0 && q % c.lhs_dilation[i] == 0 && q / c.lhs_dilation[i] < in[i];
+        offset += q / c.lhs_dilation[i] * in_strides[i];
+      }
+      source[static_cast<std::size_t>(p * K + k)] = inside ? offset : -1;
+    }
+  }
+  const std::int64_t group = std::clamp<std::int64_t>((std::int64_t{64} << 20) / static_cast<std::int64_t>(sizeof(T)) / std::max<std::int64_t>(P * row, 1), 1, N);
+  std::vector<T> patches(static_cast<std::size_t>(group * P * row));
+  const std::vector<std::int64_t> no_batch;
+  for (std::int64_t first = 0; first < N; first += group) {
+    const std::int64_t images = std::min(group, N - first);
+    for (std::int64_t n = 0; n < images; ++n)
+      for (std::int64_t p = 0; p < P; ++p)
+        for (std::int64_t k = 0; k < K; ++k) {
+          T* dst = patches.data() + ((n * P + p) * K + k) * C;
+          const std::int64_t s = source[static_cast<std::size_t>(p * K + k)];
+          if (s < 0) std::fill_n(dst, C, T(0));
+          else std::copy_n(ptr<T>(x) + ((first + n) * X + s) * C, C, dst);
+        }
+    const std::int64_t m = images * P;
+    T* result = ptr<T>(out) + first * P * O;
+    const bool large = m + row + O >= gemm_min_size;
+    if (large && gemm_engine() == GemmEngine::onednn &&
+        onednn::matmul<T>(no_batch, {no_batch, true, row}, {no_batch, true, O}, m, O, row, patches.data(), ptr<T>(w), result))
+      continue;
+    if (large && gemm_engine() != GemmEngine::eigen &&
+        blas::gemm<T>(true, true, m, O, row, patches.data(), row, ptr<T>(w), O, result, O))
+      continue;
+    using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    Eigen::Map<Matrix>(result, m, O).noalias() =
+        Eigen::Map<const Matrix>(patches.data(), m, row) * Eigen::Map<const Matrix>(ptr<T>(w), row, O);
   }
 }
 
@@ -578,9 +603,6 @@ const T* operand_data(const Array& x, const OperandPlan& p, std::vector<T>& scra
 template <class T, int Order>
 using MatrixMap =
     Eigen::Map<const Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Order>, Eigen::Unaligned, Eigen::OuterStride<>>;
-
-// Below this many rows + contracting + columns a GEMM is a few sums, computed in a fixed order (see batched_gemm).
-inline constexpr std::int64_t gemm_min_size = 20;
 
 template <class T, int LhsOrder, int RhsOrder>
 void batched_gemm(const Shape& batch, const T* lhs, const OperandPlan& l, const T* rhs, const OperandPlan& r, T* out) {
