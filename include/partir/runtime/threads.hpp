@@ -28,21 +28,30 @@ class World {
   int size() const { return devices_; }
 
   // Publishes this member's pointers, waits for the whole group, runs fn on all members' pointers, then
-  // waits again so no member reuses its buffers while a peer still reads them.
+  // waits again so no member reuses its buffers while a peer still reads them. After an abort, a member
+  // still waiting for its group gives up; a group that met runs fn and meets again before anyone leaves,
+  // since its members read each other's buffers.
   void exchange(const Group& g, int member, const void* in, void* out,
                 const std::function<void(const std::vector<const void*>&, const std::vector<void*>&)>& fn) {
     Rendezvous& r = rendezvous(g);
     std::unique_lock lock(r.mutex);
     r.ins[static_cast<std::size_t>(member)] = in;
     r.outs[static_cast<std::size_t>(member)] = out;
-    arrive(r, lock);
-    if (aborted_) throw UserError("threads backend: another device failed; abandoning collective");
+    if (!arrive(r, lock, /*abortable=*/true))
+      throw UserError("threads backend: another device failed; abandoning collective");
     auto ins = r.ins;
     auto outs = r.outs;
     lock.unlock();
-    fn(ins, outs);
+    std::exception_ptr failure;
+    try {
+      fn(ins, outs);
+    } catch (...) {
+      failure = std::current_exception();
+    }
     lock.lock();
-    arrive(r, lock);
+    arrive(r, lock, /*abortable=*/false);
+    lock.unlock();
+    if (failure) std::rethrow_exception(failure);
     if (aborted_) throw UserError("threads backend: another device failed; abandoning collective");
   }
 
@@ -99,15 +108,19 @@ class World {
     return it->second;
   }
 
-  void arrive(Rendezvous& r, std::unique_lock<std::mutex>& lock) {
+  // Returns whether the whole group arrived; false only when abortable and abort() released the wait first.
+  bool arrive(Rendezvous& r, std::unique_lock<std::mutex>& lock, bool abortable) {
     const auto generation = r.generation;
     if (++r.arrived == static_cast<int>(r.ins.size())) {
       r.arrived = 0;
       ++r.generation;
       r.cv.notify_all();
-      return;
+      return true;
     }
-    r.cv.wait(lock, [&] { return r.generation != generation || aborted_; });
+    r.cv.wait(lock, [&] { return r.generation != generation || (abortable && aborted_); });
+    if (r.generation != generation) return true;
+    --r.arrived;  // withdrawn: a late peer must not meet a member that has left
+    return false;
   }
 
   int devices_;
