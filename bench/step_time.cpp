@@ -2,7 +2,8 @@
 //  1. partir's interpreter vs the same step written by hand with Eigen (target >= 0.9x). The hand-written
 //     step uses Eigen's products; partir uses its default GEMM engine (BLAS where built in) on the same
 //     thread budget (PARTIR_GEMM=eigen for Eigen vs Eigen; Eigen's product is single-threaded here);
-//  2. batch parallelism (bp) on 2 devices vs 1, on the threads backend (target speedup >= 1.7x on 2 cores);
+//  2. batch parallelism (bp) on 2 devices vs 1, on the threads backend (target speedup >= 1.7x on 2 cores),
+//     with and without all_reduce buckets (25 MiB, spmd/bucket.hpp);
 //  3. under `mpirun -np 2` (MPI builds): bp on 2 ranks vs the 1-device program on rank 0 alone.
 // usage: step_time [reps]        mpirun -np 2 step_time [reps] --mpi
 #include <partir/partir.hpp>
@@ -99,7 +100,8 @@ int main(int argc, char** argv) {
   state["y"] = p::Array({batch, in}, std::vector<float>(y.data(), y.data() + y.size()));
   const double flops = 6.0 * batch * in * hidden * 2;  // 3 GEMMs per layer, 2 layers
   const auto one = p::lower(p::partition(step, p::Mesh{{"batch", 1}}, {}));
-  const auto two = p::lower(p::partition(step, p::Mesh{{"batch", 2}}, {p::data_parallel("batch")}));
+  const auto bp_plan = p::partition(step, p::Mesh{{"batch", 2}}, {p::data_parallel("batch")});
+  const auto two = p::lower(bp_plan), two_bucketed = p::lower(bp_plan, {.bucket_bytes = 25 << 20});
 
   if (use_mpi) {
 #ifdef PARTIR_BENCH_MPI
@@ -112,11 +114,13 @@ int main(int argc, char** argv) {
     }
     world.barrier();
     const double bp_ms = spmd_step_ms(world, two, state, reps);
+    const double bucketed_ms = spmd_step_ms(world, two_bucketed, state, reps);
     if (session.rank() == 0) {
       std::printf("# BP over MPI: MLP train step, batch %ld, %ld-%ld-%ld, SGD, f32, median of %d\n", batch, in, hidden,
                   in, reps);
       std::printf("%-22s %10.2f ms %8.1f GFLOP/s\n", "1 rank", single_ms, flops / single_ms / 1e6);
       std::printf("%-22s %10.2f ms %8.1f GFLOP/s\n", "bp, 2 ranks", bp_ms, flops / bp_ms / 1e6);
+      std::printf("%-22s %10.2f ms %8.1f GFLOP/s\n", "bp, 2 ranks, buckets", bucketed_ms, flops / bucketed_ms / 1e6);
       std::printf("bp speedup on 2 ranks: %.2fx (target >= 1.7x)\n", single_ms / bp_ms);
     }
     return 0;
@@ -169,14 +173,15 @@ int main(int argc, char** argv) {
               hand_ms / partir_eigen_ms, hand_ms / partir_ms, std::string(p::name_of(engine)).c_str());
   std::printf("partir peak memory: %.1f MiB\n", static_cast<double>(stats.peak_bytes) / (1 << 20));
 
-  double single_ms = 0, bp_ms = 0;
+  double single_ms = 0, bp_ms = 0, bucketed_ms = 0;
   p::threads::run(1, [&](p::threads::Communicator& c) { single_ms = spmd_step_ms(c, one, state, reps); });
   p::threads::run(2, [&](p::threads::Communicator& c) {
-    const double ms = spmd_step_ms(c, two, state, reps);
-    if (c.device() == 0) bp_ms = ms;
+    const double ms = spmd_step_ms(c, two, state, reps), bucketed = spmd_step_ms(c, two_bucketed, state, reps);
+    if (c.device() == 0) bp_ms = ms, bucketed_ms = bucketed;
   });
   std::printf("# BP on the threads backend (%s GEMMs)\n", std::string(p::name_of(engine)).c_str());
   std::printf("%-22s %10.2f ms %8.1f GFLOP/s\n", "1 device", single_ms, flops / single_ms / 1e6);
   std::printf("%-22s %10.2f ms %8.1f GFLOP/s\n", "bp, 2 devices", bp_ms, flops / bp_ms / 1e6);
+  std::printf("%-22s %10.2f ms %8.1f GFLOP/s\n", "bp, 2 devices, buckets", bucketed_ms, flops / bucketed_ms / 1e6);
   std::printf("bp speedup on 2 devices: %.2fx (target >= 1.7x)\n", single_ms / bp_ms);
 }

@@ -142,7 +142,7 @@ int main(int argc, char** argv) {
         precision);
     const p::Mesh mesh = p::Mesh::parse(run.mesh);
     const p::Partitioned plan = examples::partition_and_report(step, mesh, gns_schedule(run.schedule));
-    const p::SpmdProgram spmd = p::lower(plan);
+    const p::SpmdProgram spmd = p::lower(plan, loop.lower_options());
     if (examples::lead_process())
       examples::print_plan_summary(std::cout, plan, spmd, run.schedule, "params/processor/0/edge/in0/w1");
     auto next_batch = [&](long s) { return systems_at(graphs, particles, neighbours, static_cast<std::uint64_t>(seed), s); };

@@ -69,13 +69,13 @@ inline int train_main(int argc, char** argv, const TrainDefaults& defaults) {
     const p::Program step = gpt::train_program(model, batch, recipe, precision);
     const p::Mesh mesh = p::Mesh::parse(run.mesh);
     const p::Partitioned plan = examples::partition_and_report(step, mesh, p::parse_schedule(run.schedule));
-    const p::SpmdProgram spmd = p::lower(plan);
+    const p::SpmdProgram spmd = p::lower(plan, loop.lower_options());
     if (experts > 0 && examples::lead_process())  // where the experts went, and the all_to_alls that reach them
       examples::print_plan_summary(std::cout, plan, spmd, run.schedule, "params/layers/0/moe/experts/b1");
     // Validation: the loss alone, partitioned by the same schedule (ZeRO-2 shards only optimizer state, which
     // the forward pass does not read).
     const p::Program eval = gpt::eval_program(model, batch, precision);
-    const p::SpmdProgram eval_spmd = p::lower(p::partition(eval, mesh, p::parse_schedule(examples::without_tactic(run.schedule, "z2"))));
+    const p::SpmdProgram eval_spmd = p::lower(p::partition(eval, mesh, p::parse_schedule(examples::without_tactic(run.schedule, "z2"))), loop.lower_options());
     examples::LoopOptions options = examples::loop_options(defaults.name, run, loop, recipe, mesh, steps, seed, batch * seq);
     options.validate_every = eval_every > 0 ? eval_every : std::max(1L, steps / 5);
     auto next_batch = [&](long s) { return gpt::batch_at(train_text, batch, seq, static_cast<std::uint64_t>(seed), s); };

@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
                                               {{"x", {batch, features}}, {"y", {batch, features}}}, precision);
     const p::Mesh mesh = p::Mesh::parse(run.mesh);
     const p::Partitioned plan = examples::partition_and_report(step, mesh, p::parse_schedule(run.schedule));
-    const p::SpmdProgram spmd = p::lower(plan);
+    const p::SpmdProgram spmd = p::lower(plan, loop.lower_options());
     if (examples::lead_process()) examples::print_plan_summary(std::cout, plan, spmd, run.schedule, "params/mlp/w1");
 
     std::mt19937_64 teacher_rng(static_cast<std::uint64_t>(seed) + 1);

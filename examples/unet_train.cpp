@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
                           {{"noisy", {batch, size, size, 1}}, {"clean", {batch, size, size, 1}}}, precision);
     const p::Mesh mesh = p::Mesh::parse(run.mesh);
     const p::Partitioned plan = examples::partition_and_report(step, mesh, p::parse_schedule(run.schedule));
-    const p::SpmdProgram spmd = p::lower(plan);
+    const p::SpmdProgram spmd = p::lower(plan, loop.lower_options());
     if (examples::lead_process()) examples::print_plan_summary(std::cout, plan, spmd, run.schedule, "params/down/1/b1");
     auto next_batch = [&](long s) { return images_at(batch, size, noise, static_cast<std::uint64_t>(seed), s); };
     const examples::LoopOptions options = examples::loop_options("unet_train", run, loop, recipe, mesh, steps, seed, batch);

@@ -6,7 +6,8 @@
 // each step (StepOptions): the clipping's norm is reduced across the ranks that split the gradients. With
 // "remat", the backward pass recomputes the second layer (between the MLP's marks h1 and h2); with "accum",
 // the batch runs as 2 microbatches (gradient accumulation); with "pp", also in 2 pipeline stages (1F1B) on the
-// mesh's axis "stage", layers 1-2 on stage 0 and 3 on stage 1 (each device checks the outputs of its stage).
+// mesh's axis "stage", layers 1-2 on stage 0 and 3 on stage 1 (each device checks the outputs of its stage);
+// with "bucket" (and "pp"), small all_reduces fused into buckets of at most 1 KiB.
 // usage: mpi_train MESH SCHEDULE [PRECISION [RECIPE]]
 #include <partir/partir.hpp>
 #include <partir/runtime/mpi.hpp>
@@ -25,9 +26,10 @@ int main(int argc, char** argv) {
   try {
     const p::MixedPrecision precision = p::MixedPrecision::parse(argc >= 4 ? argv[3] : "f32");
     const std::string variant = argc == 5 ? argv[4] : "";
-    const bool recipe = variant == "recipe", remat = variant == "remat", pp = variant == "pp", accum = variant == "accum" || pp;
-    if (argc == 5 && !recipe && !remat && !accum)
-      throw p::UserError("RECIPE: expected 'recipe', 'remat', 'accum' or 'pp', got '" + variant + "'");
+    const bool recipe = variant == "recipe", remat = variant == "remat", pp = variant == "pp", accum = variant == "accum" || pp,
+               bucket = variant == "bucket" || pp;
+    if (argc == 5 && !recipe && !remat && !accum && !bucket)
+      throw p::UserError("RECIPE: expected 'recipe', 'remat', 'accum', 'bucket' or 'pp', got '" + variant + "'");
     const double tolerance = precision.compute == p::DType::f32 ? 1e-5 : 3e-2;
     p::nn::Mlp model{"params/mlp", {8, 32, 16, 8}};
     auto loss = [&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); };
@@ -47,7 +49,8 @@ int main(int argc, char** argv) {
     if (pp)
       tactics.insert(tactics.begin(), p::pipeline("stage", p::PipelineSchedule::one_f_one_b,
                                                     {{"params/mlp/*1", "params/mlp/*2"}, {"params/mlp/*3"}}));
-    const p::SpmdProgram spmd = p::lower(p::partition(step, p::Mesh::parse(argv[1]), tactics));
+    // Buckets of at most 1 KiB: several per step on this small MLP.
+    const p::SpmdProgram spmd = p::lower(p::partition(step, p::Mesh::parse(argv[1]), tactics), {.bucket_bytes = bucket ? 1024 : 0});
     p::mpi::Communicator comm;
     p::NamedArrays state = p::init_inputs(step, 3, true), local;
     for (const auto& b : spmd.inputs())

@@ -671,6 +671,13 @@ TEST_CASE("catalog: convolutions") {
                        "max_pool: input f32[2,4,3] is not [batch, 2 spatial dims, features]", UserError);
 }
 
+TEST_CASE("catalog: communication") {
+  // E108 a negative all_reduce bucket size
+  const Program step = adam_step();
+  CHECK_THROWS_WITH_AS(lower(partition(step, mesh2x2, {data_parallel("batch")}), {.bucket_bytes = -1}),
+                       "bucket_all_reduces: bucket size -1 bytes is negative (0 turns bucketing off)", UserError);
+}
+
 TEST_CASE("catalog: hardware profiles and command lines (nlohmann-json and CLI11 errors in partir's wording)") {
   // E101 a malformed or mistyped hardware profile names the file, the place and the rule
   const std::string path = "test_errors_profile.json";

@@ -429,6 +429,7 @@ struct Case {
   Mesh mesh{{"a", 1}};
   Schedule schedule;
   std::uint64_t input_seed = 0;
+  std::int64_t bucket_bytes = 0;  // all_reduce buckets (spmd/bucket.hpp), 0: off
 };
 
 // "" if the case passes or partition() rejects the plan as a user error; else what went wrong.
@@ -455,7 +456,7 @@ std::string check(const Case& c, bool* rejected = nullptr) {
   const NamedArrays inputs = g.inputs(prog);
   try {
     const NamedArrays want = interpret(prog, inputs);
-    const auto got = execute_on_threads(lower(plan), inputs);
+    const auto got = execute_on_threads(lower(plan, {.bucket_bytes = c.bucket_bytes}), inputs);
     for (std::size_t d = 0; d < got.size(); ++d)
       for (const auto& [name, expect] : want) {
         const Array& have = got[d].outputs.at(name);
@@ -497,6 +498,15 @@ Case shrink(Case c) {
       c = std::move(smaller);
       progress = true;
     }
+    if (c.bucket_bytes != 0 && !progress) {
+      Case smaller = c;
+      smaller.bucket_bytes = 0;
+      bool skip = false;
+      if (!check(smaller, &skip).empty() && !skip) {
+        c = std::move(smaller);
+        progress = true;
+      }
+    }
     if (c.recipe.mode != 0) {
       Case smaller = c;
       smaller.recipe.mode = 0;
@@ -518,7 +528,7 @@ std::string describe(const Case& c, std::uint64_t seed, long index, int max_ops)
      << " build/tests/test_fuzz\n"
      << "shrunk case: mesh " << c.mesh.to_string() << ", mode "
      << (c.recipe.mode == 0 ? "forward" : c.recipe.mode == 1 ? "value_and_grad(sum(out^2))" : "train_step Adam(sum(out^2)), clip_norm 1")
-     << ", input seed " << c.input_seed << "\n  // program (inside partir::trace)\n"
+     << ", input seed " << c.input_seed << ", buckets of " << c.bucket_bytes << " bytes\n  // program (inside partir::trace)\n"
      << code << "  // schedule\n";
   for (const auto& t : c.schedule) os << "  " << t.name() << "\n";
   os << "failure: " << check(c) << "\n";
@@ -537,7 +547,7 @@ TEST_CASE("fuzz: random programs and schedules on random meshes match the single
   const long cases = env_long("PARTIR_FUZZ_CASES", 2000);
   const int max_ops = static_cast<int>(std::max(1L, env_long("PARTIR_FUZZ_OPS", 12)));
   const long only = env_long("PARTIR_FUZZ_CASE", -1);
-  long run = 0, rejected = 0, failed = 0, collectives = 0;
+  long run = 0, rejected = 0, failed = 0, collectives = 0, buckets = 0;
   for (long i = only >= 0 ? only : 0; i < (only >= 0 ? only + 1 : cases); ++i) {
     Generator g(seed * 1000003 + static_cast<std::uint64_t>(i), max_ops);
     Case c;
@@ -546,13 +556,18 @@ TEST_CASE("fuzz: random programs and schedules on random meshes match the single
     c.mesh = g.mesh();
     c.schedule = g.schedule(build(c.recipe, c.steps), c.mesh, c.recipe.mode);
     c.input_seed = seed + static_cast<std::uint64_t>(i);
+    const int bucketing = g.pick(3);  // off, buckets of a few gradients, one big bucket
+    c.bucket_bytes = bucketing == 0 ? 0 : bucketing == 1 ? 4 << g.pick(10) : std::int64_t{25} << 20;
     bool was_rejected = false;
     const std::string why = check(c, &was_rejected);
     ++run;
     rejected += was_rejected;
     if (!was_rejected && why.empty()) {
       try {
-        collectives += static_cast<long>(lower(partition(build(c.recipe, c.steps), c.mesh, c.schedule)).collectives().size());
+        for (const auto& info : lower(partition(build(c.recipe, c.steps), c.mesh, c.schedule), {.bucket_bytes = c.bucket_bytes}).collectives()) {
+          ++collectives;
+          buckets += info.collective.reason.starts_with("bucket of");
+        }
       } catch (const std::exception&) {
       }
     }
@@ -562,6 +577,7 @@ TEST_CASE("fuzz: random programs and schedules on random meshes match the single
     if (failed >= 3) break;  // the first few shrunk cases say enough
   }
   MESSAGE("fuzz seed " << seed << ": " << run << " cases, " << rejected << " rejected by partition() as user errors, "
-                       << failed << " failed, " << collectives << " collectives in the accepted plans");
+                       << failed << " failed, " << collectives << " collectives in the accepted plans (" << buckets
+                       << " of them buckets of all_reduces)");
   CHECK(run - rejected >= run / 2);  // the generator must mostly produce plans that run
 }

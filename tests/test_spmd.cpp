@@ -243,6 +243,61 @@ TEST_CASE("lowering: collective plans of BP, MP and ZeRO on the MLP step") {
   }
 }
 
+TEST_CASE("bucketing: small all_reduces fuse into buckets that never delay a value in use") {
+  const Program step = mlp_step(16, {8, 32, 8, 32, 8}, true);
+  const Partitioned bp_plan = partition(step, Mesh{{"batch", 4}}, {bp("batch")});
+  const SpmdProgram plain = lower(bp_plan);
+  const int gradients = 8;  // w1..w4, b1..b4
+  REQUIRE(count(plain, "batch", true)[CollectiveKind::all_reduce] == gradients + 1);  // and the loss
+  SUBCASE("one bucket holds the gradients and the loss; the sums are bitwise the unbucketed ones") {
+    const SpmdProgram bucketed = lower(bp_plan, {.bucket_bytes = 25 << 20});
+    CHECK(count(bucketed, "batch", true) == std::map<CollectiveKind, int>{{CollectiveKind::all_reduce, 1}});
+    const auto reason = bucketed.collectives().at(0).collective.reason;
+    CHECK(reason.starts_with("bucket of 9 all_reduces, "));
+    for (const auto& c : plain.collectives())  // each member's own reason is kept
+      CHECK(reason.find("[" + c.collective.reason + "]") != std::string::npos);
+    const NamedArrays state = init_inputs(step, 3, true);
+    const auto a = execute_on_threads(plain, state), b = execute_on_threads(bucketed, state);
+    for (const auto& [name, x] : a[0].outputs) CHECK_MESSAGE(x == b[0].outputs.at(name), name);
+  }
+  SUBCASE("the bucket size bounds each bucket; a bucket of one is left alone") {
+    std::int64_t largest = 0;
+    for (const auto& c : plain.collectives()) largest = std::max(largest, c.result.bytes());
+    const SpmdProgram bucketed = lower(bp_plan, {.bucket_bytes = largest + 1});
+    const auto n = count(bucketed, "batch", true)[CollectiveKind::all_reduce];
+    CHECK(n > 1);
+    CHECK(n < gradients + 1);
+    for (const auto& c : bucketed.collectives()) CHECK(c.result.bytes() <= largest + 1);
+    CHECK(max_error(step, bucketed, 5) < 1e-5);
+  }
+  SUBCASE("Megatron's all_reduces are used at once: none waits in a bucket") {
+    const Partitioned mp_plan = partition(step, Mesh{{"batch", 2}, {"model", 2}}, {bp("batch"), megatron("model")});
+    const SpmdProgram bucketed = lower(mp_plan, {.bucket_bytes = 25 << 20});
+    CHECK(count(bucketed, "model", true) == count(lower(mp_plan), "model", true));
+    CHECK(count(bucketed, "batch", true)[CollectiveKind::all_reduce] < count(lower(mp_plan), "batch", true)[CollectiveKind::all_reduce]);
+    CHECK(max_error(step, bucketed, 6) < 1e-5);
+  }
+  SUBCASE("pipeline stages bucket their own gradients") {
+    const nn::Mlp model{"params/mlp", {8, 32, 8, 32, 8}};
+    const Program accumulated = train_step([&](Tensor x, Tensor y) { return mse(model(x), y); }, Adam{1e-2},
+                                           {{"x", {16, 8}}, {"y", {16, 8}}}, StepOptions{.microbatches = 2});
+    const Partitioned pp = partition(accumulated, Mesh{{"stage", 2}, {"batch", 2}},
+                                     {pipeline("stage", PipelineSchedule::one_f_one_b,
+                                               {{"params/mlp/w1", "params/mlp/b1", "params/mlp/w2", "params/mlp/b2"},
+                                                {"params/mlp/w3", "params/mlp/b3", "params/mlp/w4", "params/mlp/b4"}}),
+                                      data_parallel("batch")});
+    const SpmdProgram bucketed = lower(pp, {.bucket_bytes = 25 << 20});
+    std::map<int, int> per_stage;
+    for (const auto& c : bucketed.collectives())
+      if (c.collective.kind == CollectiveKind::all_reduce && c.operand.rank() > 0) ++per_stage[bucketed.op(c.value).stage];
+    CHECK(per_stage == std::map<int, int>{{0, 1}, {1, 1}});
+    const NamedArrays state = init_inputs(accumulated, 4, true);
+    const auto a = execute_on_threads(lower(pp), state), b = execute_on_threads(bucketed, state);
+    for (std::size_t d = 0; d < a.size(); ++d)
+      for (const auto& [name, x] : a[d].outputs) CHECK_MESSAGE(x == b[d].outputs.at(name), name);
+  }
+}
+
 TEST_CASE("lowering: every collective says why it exists") {
   const Program step = mlp_step(16, {8, 32, 8}, false);
   const SpmdProgram spmd = lower(partition(step, Mesh{{"batch", 2}, {"model", 2}}, {bp("batch"), megatron("model")}));

@@ -40,6 +40,7 @@
 #include "partir/viz/layout.hpp"
 #include "partir/spmd/spmd_program.hpp"
 #include "partir/spmd/pipeline.hpp"
+#include "partir/spmd/bucket.hpp"
 #include "partir/spmd/lower.hpp"
 #include "partir/runtime/layout.hpp"
 #include "partir/runtime/communicator.hpp"

@@ -154,8 +154,8 @@ class Executable {
 
 // Lowers the plan and binds it to this device's communicator.
 template <Communicator C>
-Executable<C> compile(const Partitioned& plan, C& comm) {
-  return {lower(plan), comm};
+Executable<C> compile(const Partitioned& plan, C& comm, const LowerOptions& options = {}) {
+  return {lower(plan, options), comm};
 }
 
 }  // namespace partir

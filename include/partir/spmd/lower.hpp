@@ -23,6 +23,7 @@
 #include "partir/sharding/halo.hpp"
 #include "partir/sharding/partitioned.hpp"
 #include "partir/sharding/rules.hpp"
+#include "partir/spmd/bucket.hpp"
 #include "partir/spmd/pipeline.hpp"
 #include "partir/spmd/spmd_program.hpp"
 
@@ -638,6 +639,14 @@ class Lowering {
 
 }  // namespace detail
 
-inline SpmdProgram lower(const Partitioned& plan) { return detail::Lowering(plan).run(); }
+// What lowering does beyond the plan's own collectives.
+struct LowerOptions {
+  std::int64_t bucket_bytes = 0;  // fuse smaller all_reduces into buckets of this size (bucket.hpp); 0: off
+  friend bool operator==(const LowerOptions&, const LowerOptions&) = default;
+};
+
+inline SpmdProgram lower(const Partitioned& plan, const LowerOptions& options = {}) {
+  return bucket_all_reduces(detail::Lowering(plan).run(), options.bucket_bytes);
+}
 
 }  // namespace partir
