@@ -317,12 +317,6 @@ inline OpRule rule_for(const Op& op, std::span<const TensorType> in) {
       for (std::size_t d = 0; d < in[0].shape.size(); ++d) {
         const ConvSpatialDim s = window_spatial_dim(op, in[0].shape, windows, d);
         const HaloExchange h = halo_exchange(s, a.window.base_dilation[d]);
-        std::string why = std::string(name_of(op.kind)) + ": dim " + std::to_string(d) + ": ";
-        if (s.tiling == SpatialTiling::none)
-          why += "tiles of the operand (" + std::to_string(s.input) + ") and of the windows (" + std::to_string(s.output) +
-                 " x stride " + std::to_string(a.window.strides[d]) + ") would not start at the same positions";
-        else
-          why += "windows cross into the neighbouring tile (a pooling halo would need its padding value, not zeros)";
         if (s.tiling == SpatialTiling::output && h.from_previous == 0 && h.from_next == 0) {
           const int f = b.factor(s.shared());
           b.rule.operands[0].push_back({f});
@@ -330,6 +324,12 @@ inline OpRule rule_for(const Op& op, std::span<const TensorType> in) {
           b.rule.result.push_back({f});
           continue;
         }
+        std::string why = std::string(name_of(op.kind)) + ": dim " + std::to_string(d) + ": ";
+        if (s.tiling == SpatialTiling::none)
+          why += "tiles of the operand (" + std::to_string(s.input) + ") and of the windows (" + std::to_string(s.output) +
+                 " x stride " + std::to_string(a.window.strides[d]) + ") would not start at the same positions";
+        else
+          why += "windows cross into the neighbouring tile (a pooling halo would need its padding value, not zeros)";
         b.rule.operands[0].push_back({b.factor(s.input, FactorKind::need_replication, why)});
         if (scatter) b.rule.operands[1].push_back({b.factor(s.output, FactorKind::need_replication, why)});
         b.rule.result.push_back({b.factor(scatter ? s.input : s.output, FactorKind::need_replication, why)});
@@ -351,7 +351,6 @@ inline OpRule rule_for(const Op& op, std::span<const TensorType> in) {
         const ConvSpatialDim s = conv_spatial_dim(op, in[0].shape, in[1].shape, d);
         const std::string dim = "convolution: spatial dim " + std::to_string(d);
         const std::string taps = dim + ": a window's taps are read together (tile the output instead)";
-        const std::string sums = dim + ": every output position sums the whole window";
         switch (s.tiling) {
           case SpatialTiling::output: {
             const int f = b.factor(s.shared());
@@ -364,7 +363,7 @@ inline OpRule rule_for(const Op& op, std::span<const TensorType> in) {
             const int f = b.factor(s.shared(), FactorKind::reduction);
             x.push_back({f});
             w.push_back({f});
-            b.rule.result.push_back({b.factor(s.output, FactorKind::need_replication, sums)});
+            b.rule.result.push_back({b.factor(s.output, FactorKind::need_replication, dim + ": every output position sums the whole window")});
             break;
           }
           case SpatialTiling::none: {
