@@ -16,7 +16,7 @@
 #include "partir/dsl/transformer.hpp"
 #include "partir/dsl/trace.hpp"
 #include "partir/runtime/state.hpp"
-#include "partir/runtime/kernels/kernels.hpp"
+#include "partir/runtime/kernels/eval.hpp"
 #include "partir/runtime/interpreter.hpp"
 #include "partir/runtime/init.hpp"
 #include "partir/autodiff/grad.hpp"

@@ -6,6 +6,8 @@
 #include <cmath>
 
 #include "partir/runtime/communicator.hpp"
+#include "partir/runtime/kernels/buffer_cache.hpp"
+#include "partir/runtime/kernels/elements.hpp"
 #include "partir/runtime/run_op.hpp"
 #include "partir/runtime/layout.hpp"
 #include "partir/runtime/threads.hpp"

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "partir/ir/program.hpp"
+#include "partir/runtime/kernels/buffer_cache.hpp"
 #include "partir/runtime/malloc_policy.hpp"
 #include "partir/runtime/run_op.hpp"
 
@@ -20,8 +21,7 @@ struct RunStats {
 };
 
 // Returns the program's outputs by name. `inputs` (NamedArrays, or another map from name to Array) must
-// hold exactly the program's inputs, with their types; they are read in place, never copied. A template
-// for the same reason as eval(): only translation units that run programs instantiate the kernels.
+// hold exactly the program's inputs, with their types; they are read in place, never copied.
 template <class Inputs = NamedArrays>
 NamedArrays interpret(const Program& p, const Inputs& inputs, RunStats* stats = nullptr) {
   keep_freed_memory();  // as the backends do: a step must not page-fault its buffers afresh

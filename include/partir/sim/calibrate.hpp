@@ -20,7 +20,9 @@
 #include <limits>
 
 #include "partir/runtime/executor.hpp"
-#include "partir/runtime/kernels/fused_kernel.hpp"
+#include "partir/runtime/kernels/elements.hpp"
+#include "partir/runtime/kernels/eval.hpp"
+#include "partir/runtime/kernels/gemm_engine.hpp"
 #include "partir/sim/cost_model.hpp"
 
 namespace partir {

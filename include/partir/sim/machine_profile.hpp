@@ -11,6 +11,7 @@
 #include <functional>
 #include <typeinfo>
 
+#include "partir/runtime/kernels/gemm_engine.hpp"
 #include "partir/runtime/kernels/kernel_threads.hpp"
 #include "partir/sim/calibrate.hpp"
 

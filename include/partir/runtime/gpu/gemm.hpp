@@ -11,6 +11,7 @@
 
 #include "partir/runtime/gpu/device_pool.hpp"
 #include "partir/runtime/gpu/views.hpp"
+#include "partir/runtime/kernels/dot_plan.hpp"
 
 namespace partir::gpu {
 

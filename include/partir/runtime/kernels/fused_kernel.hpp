@@ -6,6 +6,7 @@
 // equal to unfused ones and independent of buffer addresses.
 #include <span>
 
+#include "partir/runtime/kernels/eval.hpp"
 #include "partir/runtime/kernels/fusion.hpp"
 #include "partir/runtime/kernels/kernels.hpp"
 
@@ -157,8 +158,7 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
 
 }  // namespace kernels
 
-// The group's result from its inputs' values (one per FusionGroup::inputs entry, in order).
-inline Array eval_fused(const FusionGroup& g, std::span<const Array* const> inputs) {
+PARTIR_KERNEL_ENTRY Array eval_fused(const FusionGroup& g, std::span<const Array* const> inputs) {
   Array out = kernels::buffer_cache().take(g.type);
   switch (g.type.dtype) {
     case DType::bf16: kernels::run_group<bf16>(g, inputs, out); break;

@@ -30,87 +30,25 @@
 #include "partir/ir/op.hpp"
 #include "partir/runtime/kernels/array.hpp"
 #include "partir/runtime/kernels/blas.hpp"
+#include "partir/runtime/kernels/buffer_cache.hpp"
+#include "partir/runtime/kernels/dot_plan.hpp"
+#include "partir/runtime/kernels/elements.hpp"
+#include "partir/runtime/kernels/eval.hpp"
 #include "partir/runtime/kernels/gemm_engine.hpp"
 #include "partir/runtime/kernels/onednn.hpp"
+#include "partir/runtime/kernels/strides.hpp"
+
+#if defined(PARTIR_SEPARATE_COMPILATION) && !defined(PARTIR_COMPILING_LIBRARY)
+#error "partir/runtime/kernels/kernels.hpp holds what libpartir compiles; with PARTIR_SEPARATE_COMPILATION include partir/runtime/kernels/eval.hpp, or build this translation unit header-only"
+#endif
 
 namespace partir {
 
 namespace kernels {
 
-using Strides = std::vector<std::int64_t>;
-
-inline Strides row_major_strides(const Shape& shape) {
-  Strides s(shape.size(), 1);
-  for (std::size_t d = shape.size(); d-- > 1;) s[d - 1] = s[d] * shape[d];
-  return s;
-}
-
-template <class T> const T* ptr(const Array& a) { return a.data<T>().data(); }
-template <class T> T* ptr(Array& a) { return a.data<T>().data(); }
-
 template <class T> using Vec = Eigen::Array<T, Eigen::Dynamic, 1>;
 template <class T> Eigen::Map<const Vec<T>> vec(const Array& a) { return {ptr<T>(a), a.size()}; }
 template <class T> Eigen::Map<Vec<T>> vec(Array& a) { return {ptr<T>(a), a.size()}; }
-
-// Calls f(T{}) with the element type of t, for kernels that only move elements (any dtype).
-template <class F> decltype(auto) visit_dtype(DType t, F&& f) {
-  switch (t) {
-    case DType::f32: return f(float{});
-    case DType::f64: return f(double{});
-    case DType::i32: return f(std::int32_t{});
-    case DType::bf16: return f(bf16{});
-    case DType::f16: return f(f16{});
-  }
-  internal_error("unknown dtype");
-}
-
-// As visit_dtype, for kernels that compute: 16-bit dtypes reach them widened to f32 (see eval_in_f32).
-template <class F> decltype(auto) visit_math_dtype(DType t, F&& f) {
-  switch (t) {
-    case DType::f32: return f(float{});
-    case DType::f64: return f(double{});
-    case DType::i32: return f(std::int32_t{});
-    case DType::bf16: case DType::f16: break;
-  }
-  internal_error("a " + std::string(name_of(t)) + " operand reached an f32/f64/i32 kernel unwidened");
-}
-
-// 16-bit floats <-> f32. From f64 (and i32, through f64) the value is first rounded to f32 toward zero with
-// the inexact bit kept in the last place ("round to odd"), so that the one rounding to 16 bits is to the
-// nearest even, as a direct conversion would be: f32 has more than 2 bits beyond any 16-bit mantissa.
-template <class H> float widen(H x) { return static_cast<float>(x); }
-template <class H> H narrow(float x) { return H(x); }
-template <class H> H narrow(double x) {
-  if (std::isnan(x)) return H(std::numeric_limits<float>::quiet_NaN());
-  if (std::fabs(x) > std::numeric_limits<float>::max())  // past any 16-bit float's range too
-    return H(std::copysign(std::numeric_limits<float>::infinity(), static_cast<float>(x > 0 ? 1 : -1)));
-  float f = static_cast<float>(x);
-  if (static_cast<double>(f) == x) return H(f);
-  if (std::fabs(static_cast<double>(f)) > std::fabs(x)) f = std::nextafter(f, 0.0f);
-  return H(std::bit_cast<float>(std::bit_cast<std::uint32_t>(f) | 1u));
-}
-
-// out[i] = x[i] converted, for any pair of dtypes (convert's kernel). Float to i32 truncates toward zero.
-template <class From, class To>
-void convert_elements(const From* x, To* out, std::int64_t n) {
-  if constexpr (is_half_type<To>) {
-    if constexpr (std::is_same_v<From, float> || is_half_type<From>)
-      for (std::int64_t i = 0; i < n; ++i) out[i] = narrow<To>(static_cast<float>(x[i]));
-    else
-      for (std::int64_t i = 0; i < n; ++i) out[i] = narrow<To>(static_cast<double>(x[i]));
-  } else if constexpr (is_half_type<From>) {
-    for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<To>(widen(x[i]));
-  } else {
-    for (std::int64_t i = 0; i < n; ++i) out[i] = static_cast<To>(x[i]);
-  }
-}
-
-// As visit_dtype, for kernels that exist only for floats (GEMM and transcendental math are not built for i32).
-template <class F> decltype(auto) visit_float_dtype(DType t, OpKind op, F&& f) {
-  if (t == DType::f32) return f(float{});
-  if (t == DType::f64) return f(double{});
-  user_error(std::string(name_of(op)) + ": i32 operands are not supported, convert them to f32 or f64 first");
-}
 
 // Eigen evaluates a dynamic-size expression with vector code in the middle and scalar code at the ends,
 // where the ends depend on the buffer's address; vector and scalar exp, log, tanh, pow, sqrt, rsqrt and
@@ -151,49 +89,6 @@ T ordered_sum(const T* x, std::int64_t n) {
   return acc.sum();
 }
 
-// Visits every index of `shape` in row-major order and passes body the index's offset in each of N strided
-// buffers.
-template <std::size_t N, class F>
-void for_each_index(const Shape& shape, const std::array<Strides, N>& strides, F&& body) {
-  if (num_elements(shape) == 0) return;
-  std::vector<std::int64_t> index(shape.size(), 0);
-  std::array<std::int64_t, N> offset{};
-  for (;;) {
-    body(offset);
-    for (std::size_t d = shape.size();;) {
-      if (d == 0) return;
-      --d;
-      if (++index[d] < shape[d]) {
-        for (std::size_t k = 0; k < N; ++k) offset[k] += strides[k][d];
-        break;
-      }
-      index[d] = 0;
-      for (std::size_t k = 0; k < N; ++k) offset[k] -= strides[k][d] * (shape[d] - 1);
-    }
-  }
-}
-
-// Drops size-1 dims and fuses neighbours that are contiguous in every buffer, so that loops run over few,
-// long dims (a broadcast row, a whole slice).
-template <std::size_t N>
-void simplify(Shape& shape, std::array<Strides, N>& strides) {
-  Shape fused;
-  std::array<Strides, N> fused_strides;
-  for (std::size_t d = 0; d < shape.size(); ++d) {
-    if (shape[d] == 1) continue;
-    bool contiguous = !fused.empty();
-    for (std::size_t k = 0; k < N; ++k)
-      contiguous = contiguous && fused_strides[k].back() == strides[k][d] * shape[d];
-    if (contiguous) fused.back() *= shape[d];
-    else fused.push_back(shape[d]);
-    for (std::size_t k = 0; k < N; ++k) {
-      if (contiguous) fused_strides[k].back() = strides[k][d];
-      else fused_strides[k].push_back(strides[k][d]);
-    }
-  }
-  shape = std::move(fused);
-  strides = std::move(fused_strides);
-}
 
 // dst[i] = src[i] for every index i of `shape`, each side with its own element strides. Transpose and slice
 // read strided, pad and concatenate write strided, broadcast reads with stride 0.
@@ -295,12 +190,6 @@ void concatenate(const Parts& parts, std::int64_t axis, Array& out) {
   }
 }
 
-inline std::int64_t checked_row(std::int32_t index, std::int64_t rows, OpKind op, const TensorType& table) {
-  if (index < 0 || index >= rows)
-    user_error(std::string(name_of(op)) + ": index " + std::to_string(index) + " is out of range [0, " +
-               std::to_string(rows) + ") of " + (op == OpKind::gather ? "table " : "result ") + to_string(table));
-  return index;
-}
 
 // table [V, F...], indices [I...] -> [I..., F...]
 template <class T>
@@ -481,107 +370,6 @@ void reduce(const Array& x, const std::vector<std::int64_t>& dims, Array& out) {
   });
 }
 
-// dot_general as a loop of GEMMs. Per batch index each operand is a matrix over two groups of dims (lhs:
-// free x contracting, rhs: contracting x free). Eigen maps it in place when one group is contiguous and
-// the other advances by one stride (row- or column-major with an outer stride); batch dims may sit
-// anywhere, as they only move the base pointer. An operand that fits neither way is first transposed
-// into [batch..., group 0..., group 1...].
-struct DimGroup {
-  std::int64_t size = 1;
-  std::int64_t stride = 0;  // of the group's innermost non-unit dim
-  bool uniform = true;      // the dims fuse into one dim of `stride`
-  bool contiguous() const { return uniform && (size <= 1 || stride == 1); }
-};
-
-struct MatrixLayout {
-  bool fits = false;
-  bool row_major = true;
-  std::int64_t rows = 0, cols = 0, outer_stride = 1;
-};
-
-struct OperandPlan {
-  std::vector<std::int64_t> batch, rows, cols;  // dims of each group, in order
-  bool transpose = false;                       // copy into [batch..., rows..., cols...] first
-  MatrixLayout matrix;
-  Strides batch_strides;  // element strides of the batch dims in the (possibly transposed) data
-};
-
-struct DotPlan {
-  OperandPlan lhs, rhs;
-};
-
-inline DimGroup dim_group(const Shape& shape, const Strides& strides, const std::vector<std::int64_t>& dims) {
-  DimGroup g;
-  bool first = true;
-  for (auto d : dims) {
-    g.size *= shape[d];
-    if (shape[d] == 1) continue;
-    if (!first && g.stride != strides[d] * shape[d]) g.uniform = false;
-    g.stride = strides[d];
-    first = false;
-  }
-  return g;
-}
-
-inline MatrixLayout matrix_layout(const DimGroup& rows, const DimGroup& cols) {
-  MatrixLayout m{false, true, rows.size, cols.size, 1};
-  if (cols.contiguous() && rows.uniform) {
-    m = {true, true, rows.size, cols.size, rows.size <= 1 ? std::max<std::int64_t>(cols.size, 1) : rows.stride};
-  } else if (rows.contiguous() && cols.uniform) {
-    m = {true, false, rows.size, cols.size, cols.size <= 1 ? std::max<std::int64_t>(rows.size, 1) : cols.stride};
-  }
-  return m;
-}
-
-inline OperandPlan plan_operand(const Shape& shape, std::vector<std::int64_t> batch, std::vector<std::int64_t> rows,
-                                std::vector<std::int64_t> cols) {
-  const Strides strides = row_major_strides(shape);
-  OperandPlan p{std::move(batch), std::move(rows), std::move(cols), false, {}, {}};
-  p.matrix = matrix_layout(dim_group(shape, strides, p.rows), dim_group(shape, strides, p.cols));
-  if (p.matrix.fits) {
-    for (auto d : p.batch) p.batch_strides.push_back(strides[d]);
-    return p;
-  }
-  p.transpose = true;
-  p.matrix = {true, true, p.matrix.rows, p.matrix.cols, std::max<std::int64_t>(p.matrix.cols, 1)};
-  Shape batch_shape;
-  for (auto d : p.batch) batch_shape.push_back(shape[d]);
-  p.batch_strides = row_major_strides(batch_shape);
-  for (auto& s : p.batch_strides) s *= p.matrix.rows * p.matrix.cols;
-  return p;
-}
-
-// The contracting dims may be paired in any order; a group can only be mapped in place in memory order,
-// so try ascending lhs order and ascending rhs order and keep the plan that copies fewer elements.
-inline DotPlan plan_dot(const Shape& lhs, const Shape& rhs, const DotDims& d) {
-  auto free_dims = [](const Shape& shape, const std::vector<std::int64_t>& batch, const std::vector<std::int64_t>& contract) {
-    std::vector<std::int64_t> free;
-    for (std::int64_t i = 0; i < static_cast<std::int64_t>(shape.size()); ++i)
-      if (std::find(batch.begin(), batch.end(), i) == batch.end() &&
-          std::find(contract.begin(), contract.end(), i) == contract.end())
-        free.push_back(i);
-    return free;
-  };
-  const auto lhs_free = free_dims(lhs, d.lhs_batch, d.lhs_contract);
-  const auto rhs_free = free_dims(rhs, d.rhs_batch, d.rhs_contract);
-  auto plan_for = [&](bool by_lhs) {
-    std::vector<std::size_t> order(d.lhs_contract.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    const auto& key = by_lhs ? d.lhs_contract : d.rhs_contract;
-    std::sort(order.begin(), order.end(), [&](auto a, auto b) { return key[a] < key[b]; });
-    std::vector<std::int64_t> lc, rc;
-    for (auto i : order) {
-      lc.push_back(d.lhs_contract[i]);
-      rc.push_back(d.rhs_contract[i]);
-    }
-    return DotPlan{plan_operand(lhs, d.lhs_batch, lhs_free, lc), plan_operand(rhs, d.rhs_batch, rc, rhs_free)};
-  };
-  auto copied = [&](const DotPlan& p) {
-    return (p.lhs.transpose ? num_elements(lhs) : 0) + (p.rhs.transpose ? num_elements(rhs) : 0);
-  };
-  DotPlan by_lhs = plan_for(true), by_rhs = plan_for(false);
-  return copied(by_rhs) < copied(by_lhs) ? by_rhs : by_lhs;
-}
 
 // The operand's data in its plan's layout: the Array itself, or a transposed copy in scratch.
 template <class T>
@@ -706,59 +494,6 @@ void compare(CompareDir dir, const Array& x, const Array& y, Array& out) {
   }
 }
 
-// Result buffers freed by a run, kept on this thread for the next runs. Touching fresh memory costs a page
-// fault per 4 KiB (about 15 us on the project's VM: 60 ms for a 16 MiB gradient, more than its arithmetic),
-// and glibc hands large freed blocks back to the system; a training step frees and allocates the same
-// shapes every step. Only the buffers freed by the latest run are kept, so the cache never holds more
-// than one run's frees.
-class BufferCache {
- public:
-  // An Array of `type`: a cached buffer (stale contents) when one fits exactly, else a new zeroed one.
-  Array take(const TensorType& type) {
-    auto it = free_.find({type.dtype, type.elements()});
-    if (it == free_.end()) return Array(type);
-    Array out = std::visit([&](auto& v) { return Array(type.shape, std::move(v)); }, it->second.storage);
-    bytes_ -= out.bytes();
-    free_.erase(it);
-    return out;
-  }
-  void give(Array&& array) {
-    if (array.bytes() < min_bytes) return;  // small blocks: malloc recycles them well
-    const auto held = std::visit([](const auto& v) { return static_cast<std::int64_t>(v.size()); }, array.storage());
-    if (held != array.size()) return;  // a husk whose buffer moved on (a reshape took it)
-    bytes_ += array.bytes();
-    free_.emplace(std::pair{array.dtype(), array.size()}, Entry{std::move(array.storage()), run_});
-  }
-  // Drops the buffers that were freed before the current run and not taken again in it.
-  void end_run() {
-    std::erase_if(free_, [&](const auto& entry) {
-      if (entry.second.run == run_) return false;
-      bytes_ -= entry.first.second * size_of(entry.first.first);
-      return true;
-    });
-    ++run_;
-  }
-  void clear() {
-    free_.clear();
-    bytes_ = 0;
-  }
-  std::int64_t bytes() const { return bytes_; }
-
- private:
-  static constexpr std::int64_t min_bytes = 4096;
-  struct Entry {
-    Array::Storage storage;
-    std::uint64_t run;
-  };
-  std::multimap<std::pair<DType, std::int64_t>, Entry> free_;
-  std::int64_t bytes_ = 0;
-  std::uint64_t run_ = 0;
-};
-
-inline BufferCache& buffer_cache() {
-  thread_local BufferCache cache;
-  return cache;
-}
 
 inline Array constant(const Op& op) {
   Array out = buffer_cache().take(op.type);
@@ -784,12 +519,6 @@ inline Array widened(const Array& x) {
   return out;
 }
 
-}  // namespace kernels
-
-template <class Operands>
-Array eval(const Op& op, const Operands& operands);
-
-namespace kernels {
 inline bool moves_data(OpKind kind) {
   using K = OpKind;
   return kind == K::broadcast_in_dim || kind == K::reshape || kind == K::transpose || kind == K::slice ||
@@ -797,12 +526,11 @@ inline bool moves_data(OpKind kind) {
 }
 
 // A computing op with 16-bit operands or result: run in f32 on widened copies, rounded back to op's dtype.
-template <class Operands>
-Array eval_in_f32(const Op& op, const Operands& operands) {
+inline Array eval_in_f32(const Op& op, std::span<const Array* const> operands) {
   Op wide = op;
   if (is_half(wide.type.dtype)) wide.type.dtype = DType::f32;
   std::vector<Array> copies;
-  copies.reserve(std::size(operands));
+  copies.reserve(operands.size());
   std::vector<const Array*> args;
   for (const Array* x : operands) {
     if (!is_half(x->dtype())) {
@@ -822,12 +550,7 @@ Array eval_in_f32(const Op& op, const Operands& operands) {
 }
 }  // namespace kernels
 
-// Computes one op from its operand values (`operands`: a vector, span or array of const Array*). Inputs
-// have no kernel: whoever runs the program binds them. Float to i32 conversion truncates toward zero.
-// A template so that the kernels' Eigen instantiations (seconds of compile time) happen only in the
-// translation units that run programs, not in every one that includes partir.hpp.
-template <class Operands>
-Array eval(const Op& op, const Operands& operands) {
+PARTIR_KERNEL_ENTRY Array eval(const Op& op, std::span<const Array* const> operands) {
   using K = OpKind;
   namespace k = kernels;
   if (op.kind == K::input) internal_error("eval: input '" + op.name + "' has no kernel; the caller binds inputs");
@@ -928,7 +651,7 @@ Array eval(const Op& op, const Operands& operands) {
       k::visit_float_dtype(x.dtype(), op.kind, [&](auto t) {
         using T = decltype(t);
         std::copy_n(k::ptr<T>(x), x.size(), k::ptr<T>(out));
-        for (std::size_t i = 1; i < std::size(operands); ++i) k::binary<T>(K::add, out, *operands[i], out);
+        for (std::size_t i = 1; i < operands.size(); ++i) k::binary<T>(K::add, out, *operands[i], out);
       });
       break;
     case K::input: case K::constant: case K::count_:
@@ -939,3 +662,5 @@ Array eval(const Op& op, const Operands& operands) {
 
 }  // namespace partir
 #pragma GCC diagnostic pop
+
+#include "partir/runtime/kernels/fused_kernel.hpp"  // eval_fused: the other entry point (eval.hpp)
