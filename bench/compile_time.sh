@@ -33,7 +33,7 @@ row "header-only: include partir.hpp, empty main, -O0" "$(seconds a.o -O0 "$work
 row "header-only: small user program (consumer.cpp), -O2" "$(seconds a.o -O2 tests/consumer/consumer.cpp)"
 row "header-only: small user program (consumer.cpp), -O0" "$(seconds a.o -O0 tests/consumer/consumer.cpp)"
 row "  of it parsing and instantiation" "$(seconds a.o -fsyntax-only tests/consumer/consumer.cpp)"
-row "libpartir (src/kernels.cpp, -O2), once per build" "$(seconds kernels.o -O2 src/kernels.cpp)"
+row "libpartir (src/libpartir.cpp, -O2), once per build" "$(seconds kernels.o -O2 src/libpartir.cpp)"
 row "separate: include partir.hpp, empty main, -O2" "$(seconds a.o $sep -O2 "$work/include_only.cpp")"
 row "separate: include partir.hpp, empty main, -O0" "$(seconds a.o $sep -O0 "$work/include_only.cpp")"
 row "separate: small user program (consumer.cpp), -O2" "$(seconds consumer.o $sep -O2 tests/consumer/consumer.cpp)"

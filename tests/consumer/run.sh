@@ -2,7 +2,8 @@
 # Builds and runs tests/consumer against partir as a Meson subproject (with the GEMM engines found: oneDNN
 # where libdnnl-dev is installed), header-only and with libpartir, and from an installed build with
 # -Dgemm=eigen (on Eigen alone: no engine library to link) through partir.pc and partir-compiled.pc.
-# Each run checks which GEMM engine it got.
+# Each run checks which GEMM engine it got; then the separately compiled mode's error for a TU that includes
+# the kernels themselves.
 # usage: run.sh SOURCE_ROOT WORK_DIR
 set -eu
 src=$(cd "$1" && pwd)
@@ -32,4 +33,12 @@ for dep in partir partir-compiled; do
   quiet ninja -C "$work/inst/$dep"
   "$work/inst/$dep/consumer" eigen
 done
-echo "consumer: subproject ($expected GEMMs) and installed (eigen GEMMs), header-only and with libpartir: all build and run"
+
+# 3. separately compiled, a TU that includes the kernels' definitions gets partir's error, not duplicate symbols
+printf '#include <partir/runtime/kernels/kernels.hpp>\n' > "$work/kernels_tu.cpp"
+if ${CXX:-c++} -std=c++20 -E -DPARTIR_SEPARATE_COMPILATION -I"$src/include" -isystem /usr/include/eigen3 \
+    "$work/kernels_tu.cpp" >/dev/null 2>"$work/log"; then
+  echo "kernels.hpp under PARTIR_SEPARATE_COMPILATION preprocessed without the expected #error"; exit 1
+fi
+grep -q "kernels.hpp holds what libpartir compiles" "$work/log" || { cat "$work/log"; exit 1; }
+echo "consumer: subproject ($expected GEMMs) and installed (eigen GEMMs), header-only and with libpartir: all build and run; kernels.hpp in a separately compiled TU: refused"

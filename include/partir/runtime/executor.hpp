@@ -284,6 +284,11 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
 
 }  // namespace detail
 
+#if defined(PARTIR_SEPARATE_COMPILATION) && !defined(PARTIR_COMPILING_LIBRARY)
+// libpartir holds the executor for the threads backend, instantiated once (src/libpartir.cpp).
+extern template DeviceResult execute(const SpmdProgram&, threads::Communicator&, const NamedArrays&, ExecuteOptions);
+#endif
+
 // Runs the program on mesh.num_devices() threads of this process; returns each device's result.
 inline std::vector<DeviceResult> execute_on_threads(const SpmdProgram& p, const NamedArrays& inputs,
                                                     ExecuteOptions options = {}) {

@@ -2,7 +2,7 @@
 // The kernels' entry points: one op, or one fused group, computed from its operands' values.
 // Header-only (the default): the definitions follow (kernels.hpp, fused_kernel.hpp), so every
 // translation unit that includes this compiles the kernels (Eigen, oneDNN: most of a TU's compile time).
-// With PARTIR_SEPARATE_COMPILATION these are declarations only and libpartir (src/kernels.cpp) holds the
+// With PARTIR_SEPARATE_COMPILATION these are declarations only and libpartir (src/libpartir.cpp) holds the
 // one definition: link it (Meson: dependency('partir-compiled'); pkg-config: partir-compiled).
 #include <span>
 
