@@ -1,9 +1,8 @@
-// libpartir, for programs built with PARTIR_SEPARATE_COMPILATION: the CPU kernels (runtime/kernels/eval.hpp
-// declares what this defines) and the executor for the threads backend, each compiled once.
+// libpartir, for programs built with PARTIR_SEPARATE_COMPILATION: the one definition of every PARTIR_ENTRY
+// function (config.hpp) and the executor for the threads backend.
 #define PARTIR_SEPARATE_COMPILATION
 #define PARTIR_COMPILING_LIBRARY
-#include "partir/runtime/executor.hpp"
-#include "partir/runtime/kernels/kernels.hpp"
+#include "partir/partir.hpp"
 
 namespace partir {
 template DeviceResult execute(const SpmdProgram&, threads::Communicator&, const NamedArrays&, ExecuteOptions);

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <optional>
 
+#include "partir/config.hpp"
 #include "partir/dsl/functional.hpp"
 
 namespace partir {
@@ -20,6 +21,20 @@ inline void check_loss_type(const std::string& who, const std::string& what, con
   if (t.rank() != 0 || !is_float(t.dtype))
     user_error(who + ": " + what + " must be a scalar floating-point value, got " + to_string(t));
 }
+
+}  // namespace detail
+
+// Appends to p the backward pass of `loss` (a scalar float value) and returns d loss / d w for each w in
+// wrt: a value of w's type, zeros if w does not influence the loss. Adjoints of values used several times
+// are summed with add. Only the ops between a wrt value and the loss are differentiated.
+PARTIR_ENTRY std::vector<ValueId> grad(Program& p, ValueId loss, const std::vector<ValueId>& wrt);
+
+// A copy of f that also computes the gradient of output `loss_output` w.r.t. the named inputs (all
+// parameters if wrt is empty): f's outputs, then "grad/<input name>" for each.
+PARTIR_ENTRY Program value_and_grad(const Program& f, const std::string& loss_output, std::vector<std::string> wrt = {});
+
+#if PARTIR_DEFINE_ENTRIES
+namespace detail {
 
 inline Tensor zeros_like(const Tensor& x) { return full_like(x, 0.0); }
 
@@ -334,10 +349,7 @@ void vjp(Program& p, ValueId v, const Op& op, const Tensor& g, const std::vector
 
 }  // namespace detail
 
-// Appends to p the backward pass of `loss` (a scalar float value) and returns d loss / d w for each w in
-// wrt: a value of w's type, zeros if w does not influence the loss. Adjoints of values used several times
-// are summed with add. Only the ops between a wrt value and the loss are differentiated.
-inline std::vector<ValueId> grad(Program& p, ValueId loss, const std::vector<ValueId>& wrt) {
+PARTIR_ENTRY std::vector<ValueId> grad(Program& p, ValueId loss, const std::vector<ValueId>& wrt) {
   auto check_defined = [&](ValueId v, const std::string& what) {
     if (v < 0 || v >= p.size())
       user_error("grad: " + what + " %" + std::to_string(v) + " is not defined in program '" + p.name() + "'");
@@ -398,9 +410,7 @@ inline std::vector<ValueId> grad(Program& p, ValueId loss, const std::vector<Val
   return grads;
 }
 
-// A copy of f that also computes the gradient of output `loss_output` w.r.t. the named inputs (all
-// parameters if wrt is empty): f's outputs, then "grad/<input name>" for each.
-inline Program value_and_grad(const Program& f, const std::string& loss_output, std::vector<std::string> wrt = {}) {
+PARTIR_ENTRY Program value_and_grad(const Program& f, const std::string& loss_output, std::vector<std::string> wrt) {
   auto loss = f.find_output(loss_output);
   if (!loss) user_error("value_and_grad: program '" + f.name() + "' has no output named '" + loss_output + "'");
   detail::check_loss_type("value_and_grad", "output '" + loss_output + "'", f.type(*loss));
@@ -418,5 +428,6 @@ inline Program value_and_grad(const Program& f, const std::string& loss_output, 
   for (std::size_t i = 0; i < wrt.size(); ++i) out.add_output("grad/" + wrt[i], grads[i]);
   return out;
 }
+#endif
 
 }  // namespace partir

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "partir/config.hpp"
 #include "partir/ir/program.hpp"
 #include "partir/tactics/selector.hpp"
 
@@ -60,6 +61,10 @@ struct Remat {
   static RematRegion attention_core() { return {{"**/attn/q", "**/attn/k", "**/attn/v"}, {"**/attn/context"}}; }
 };
 
+// p with the values `remat` selects recomputed in the backward pass (see above). Remat::none() returns p.
+PARTIR_ENTRY Program rematerialize(const Program& p, const Remat& remat);
+
+#if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
 // The marked forward values one region's globs select; a glob that selects none, or selects a value that is
@@ -137,8 +142,7 @@ inline std::vector<bool> recomputed_values(const Program& p, const Remat& r, con
 
 }  // namespace detail
 
-// p with the values `remat` selects recomputed in the backward pass (see above). Remat::none() returns p.
-inline Program rematerialize(const Program& p, const Remat& remat) {
+PARTIR_ENTRY Program rematerialize(const Program& p, const Remat& remat) {
   if (remat.regions.empty()) return p;
   const auto backward = p.backward_start();
   if (!backward) user_error("remat '" + remat.name + "': program '" + p.name() + "' has no backward pass to recompute in");
@@ -194,5 +198,6 @@ inline Program rematerialize(const Program& p, const Remat& remat) {
     out.add_recompute({copy[static_cast<std::size_t>(r.value)], copy[static_cast<std::size_t>(r.original)], r.policy});
   return out;
 }
+#endif
 
 }  // namespace partir

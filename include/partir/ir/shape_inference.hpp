@@ -6,10 +6,15 @@
 #include <span>
 #include <string>
 
+#include "partir/config.hpp"
 #include "partir/ir/op.hpp"
 
 namespace partir {
 
+// The result type of `kind` on operands of types `in`, or a UserError naming the op and the rule broken.
+PARTIR_ENTRY TensorType infer_type(OpKind kind, std::span<const TensorType> in, const Attrs& a);
+
+#if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
 inline std::string dims_str(const std::vector<std::int64_t>& v) { return to_string(Shape(v)); }
@@ -28,7 +33,7 @@ inline void check_dims(std::string_view op, std::string_view what, const std::ve
 
 }  // namespace detail
 
-inline TensorType infer_type(OpKind kind, std::span<const TensorType> in, const Attrs& a) {
+PARTIR_ENTRY TensorType infer_type(OpKind kind, std::span<const TensorType> in, const Attrs& a) {
   const std::string op(name_of(kind));
   auto fail = [&](const std::string& why) -> TensorType { user_error(op + ": " + why); };
   auto show = [&](std::size_t i) { return to_string(in[i]); };
@@ -255,5 +260,6 @@ inline TensorType infer_type(OpKind kind, std::span<const TensorType> in, const 
   }
   internal_error("no shape rule for " + op);
 }
+#endif
 
 }  // namespace partir

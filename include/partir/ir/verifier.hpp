@@ -4,11 +4,16 @@
 // through Program::add are valid by construction; the verifier guards transforms and hand-built programs.
 #include <set>
 
+#include "partir/config.hpp"
 #include "partir/ir/printer.hpp"
 
 namespace partir {
 
-inline void verify(const Program& p) {
+// A UserError naming the first broken invariant, else nothing.
+PARTIR_ENTRY void verify(const Program& p);
+
+#if PARTIR_DEFINE_ENTRIES
+PARTIR_ENTRY void verify(const Program& p) {
   std::set<std::string> input_names;
   for (ValueId v = 0; v < p.size(); ++v) {
     const Op& op = p.op(v);
@@ -43,5 +48,6 @@ inline void verify(const Program& p) {
     }
   }
 }
+#endif
 
 }  // namespace partir

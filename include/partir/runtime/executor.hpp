@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "partir/config.hpp"
 #include "partir/runtime/communicator.hpp"
 #include "partir/runtime/kernels/buffer_cache.hpp"
 #include "partir/runtime/kernels/elements.hpp"
@@ -284,7 +285,7 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
 
 }  // namespace detail
 
-#if defined(PARTIR_SEPARATE_COMPILATION) && !defined(PARTIR_COMPILING_LIBRARY)
+#if !PARTIR_DEFINE_ENTRIES
 // libpartir holds the executor for the threads backend, instantiated once (src/libpartir.cpp).
 extern template DeviceResult execute(const SpmdProgram&, threads::Communicator&, const NamedArrays&, ExecuteOptions);
 #endif

@@ -3,6 +3,7 @@
 // and explain(), the chain of reasons behind every axis on a value.
 #include <ostream>
 
+#include "partir/config.hpp"
 #include "partir/ir/printer.hpp"
 #include "partir/sharding/partitioned.hpp"
 
@@ -56,7 +57,11 @@ inline std::ostream& operator<<(std::ostream& os, const Partitioned& p) { return
 //       %3 dim 1 on 'model': from params/mlp/w1 dim 1 through %3 dot_general
 //       params/mlp/w1 dim 1 on 'model': set by tactic 2 (megatron)
 // then the conflicts and stops that involve the value.
-inline std::string explain(const Partitioned& p, ValueId v) {
+PARTIR_ENTRY std::string explain(const Partitioned& p, ValueId v);
+inline std::string explain(const Partitioned& p, std::string_view name) { return explain(p, p.value(name)); }
+
+#if PARTIR_DEFINE_ENTRIES
+PARTIR_ENTRY std::string explain(const Partitioned& p, ValueId v) {
   const Program& prog = p.program();
   const auto& state = p.state();
   std::string s = "%" + std::to_string(v) + (prog.op(v).name.empty() ? "" : " \"" + prog.op(v).name + "\"") +
@@ -93,6 +98,6 @@ inline std::string explain(const Partitioned& p, ValueId v) {
     if (t.from.value == v || t.site == op_site) s += "  stop: " + t.message + "\n";
   return s;
 }
-inline std::string explain(const Partitioned& p, std::string_view name) { return explain(p, p.value(name)); }
+#endif
 
 }  // namespace partir

@@ -29,6 +29,7 @@
 #include <tuple>
 #include <vector>
 
+#include "partir/config.hpp"
 #include "partir/ir/program.hpp"
 #include "partir/sharding/halo.hpp"
 
@@ -85,6 +86,10 @@ struct OpRule {
   friend bool operator==(const OpRule&, const OpRule&) = default;
 };
 
+// The rule of `op` given its operands' types.
+PARTIR_ENTRY OpRule rule_for(const Op& op, std::span<const TensorType> in);
+
+#if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
 class RuleBuilder {
@@ -168,8 +173,7 @@ inline void reshape_rule(RuleBuilder& b, const Shape& in, const Shape& out) {
 
 }  // namespace detail
 
-// The rule of `op` given its operands' types.
-inline OpRule rule_for(const Op& op, std::span<const TensorType> in) {
+PARTIR_ENTRY OpRule rule_for(const Op& op, std::span<const TensorType> in) {
   const auto n = op.operands.size();
   detail::RuleBuilder b(n);
   const Attrs& a = op.attrs;
@@ -389,6 +393,7 @@ inline OpRule rule_for(const Op& op, std::span<const TensorType> in) {
   }
   return b.rule;
 }
+#endif
 
 inline OpRule rule_for(const Program& p, ValueId v) {
   const Op& op = p.op(v);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "partir/config.hpp"
 #include "partir/sim/json.hpp"
 #include "partir/spmd/spmd_program.hpp"
 
@@ -131,52 +132,9 @@ struct HardwareProfile {
     return best->link;
   }
 
-  json::Value to_json() const {
-    json::Value flops = json::Value::object(), elementwise = json::Value::object(), per_op = json::Value::object();
-    for (const auto& [t, f] : peak_flops) flops[std::string(name_of(t))] = f;
-    for (const auto& [t, f] : elementwise_flops) elementwise[std::string(name_of(t))] = f;
-    for (const auto& [k, b] : op_bandwidth) per_op[std::string(name_of(k))] = b;
-    json::Value rules = json::Value::array();
-    for (const auto& r : links) {
-      json::Value rule = {{"axis", r.axis}, {"collective", r.collective}, {"group_size", r.group_size},
-                          {"alpha", r.link.alpha}, {"beta", r.link.beta}};
-      if (!r.link.measured.empty()) rule["measured"] = r.link.measured;  // [[bytes, seconds], ...]
-      rules.push_back(std::move(rule));
-    }
-    return {{"name", name}, {"source", source}, {"peak_flops", flops}, {"gemm_curve", gemm_curve},
-            {"elementwise_flops", elementwise}, {"memory_bandwidth", memory_bandwidth}, {"op_bandwidth", per_op},
-            {"cache_curve", cache_curve}, {"op_overhead", op_overhead}, {"memory_capacity", memory_capacity},
-            {"links", rules}};
-  }
-
-  static HardwareProfile from_json(const json::Value& v) {
-    using json::get;
-    HardwareProfile p;
-    p.name = get<std::string>(json::at(v, "name"));
-    if (auto* s = json::find(v, "source")) p.source = get<std::string>(*s);
-    for (const auto& [t, f] : json::as_object(json::at(v, "peak_flops")).items()) p.peak_flops[parse_dtype(t)] = get<double>(f);
-    if (auto* g = json::find(v, "gemm_curve")) p.gemm_curve = points(*g, "gemm_curve", "[smallest dim, fraction of peak]");
-    if (auto* e = json::find(v, "elementwise_flops"))
-      for (const auto& [t, f] : json::as_object(*e).items()) p.elementwise_flops[parse_dtype(t)] = get<double>(f);
-    p.memory_bandwidth = get<double>(json::at(v, "memory_bandwidth"));
-    if (auto* per_op = json::find(v, "op_bandwidth"))
-      for (const auto& [k, b] : json::as_object(*per_op).items()) p.op_bandwidth[parse_op_kind(k)] = get<double>(b);
-    if (auto* curve = json::find(v, "cache_curve")) p.cache_curve = points(*curve, "cache_curve", "[bytes, bytes per second]");
-    if (auto* o = json::find(v, "op_overhead")) p.op_overhead = get<double>(*o);
-    if (auto* m = json::find(v, "memory_capacity")) p.memory_capacity = get<std::int64_t>(*m);
-    const json::Value links = json::at(v, "links");  // a copy: GCC 13 cannot tell the reference outlives "links"
-    for (const auto& r : json::as_array(links)) {
-      LinkRule rule;
-      if (auto* a = json::find(r, "axis")) rule.axis = get<std::string>(*a);
-      if (auto* c = json::find(r, "collective")) rule.collective = get<std::string>(*c);
-      if (rule.collective != "*") parse_collective_kind(rule.collective);
-      if (auto* g = json::find(r, "group_size")) rule.group_size = get<std::int64_t>(*g);
-      rule.link = {get<double>(json::at(r, "alpha")), get<double>(json::at(r, "beta")), {}};
-      if (auto* m = json::find(r, "measured")) rule.link.measured = points(*m, "links: measured", "[bytes, seconds]");
-      p.links.push_back(std::move(rule));
-    }
-    return p;
-  }
+  json::Value to_json() const;
+  // A UserError names the member that is missing or of the wrong type.
+  static HardwareProfile from_json(const json::Value& v);
 
   void save(const std::string& path) const { json::write_file(path, to_json()); }
   static HardwareProfile load(const std::string& path) {
@@ -274,5 +232,54 @@ struct HardwareProfile {
             .links = {{"*", "*", 0, {5e-6, 1 / nvlink}}}};
   }
 };
+
+#if PARTIR_DEFINE_ENTRIES
+PARTIR_ENTRY json::Value HardwareProfile::to_json() const {
+  json::Value flops = json::Value::object(), elementwise = json::Value::object(), per_op = json::Value::object();
+  for (const auto& [t, f] : peak_flops) flops[std::string(name_of(t))] = f;
+  for (const auto& [t, f] : elementwise_flops) elementwise[std::string(name_of(t))] = f;
+  for (const auto& [k, b] : op_bandwidth) per_op[std::string(name_of(k))] = b;
+  json::Value rules = json::Value::array();
+  for (const auto& r : links) {
+    json::Value rule = {{"axis", r.axis}, {"collective", r.collective}, {"group_size", r.group_size},
+                        {"alpha", r.link.alpha}, {"beta", r.link.beta}};
+    if (!r.link.measured.empty()) rule["measured"] = r.link.measured;  // [[bytes, seconds], ...]
+    rules.push_back(std::move(rule));
+  }
+  return {{"name", name}, {"source", source}, {"peak_flops", flops}, {"gemm_curve", gemm_curve},
+          {"elementwise_flops", elementwise}, {"memory_bandwidth", memory_bandwidth}, {"op_bandwidth", per_op},
+          {"cache_curve", cache_curve}, {"op_overhead", op_overhead}, {"memory_capacity", memory_capacity},
+          {"links", rules}};
+}
+
+PARTIR_ENTRY HardwareProfile HardwareProfile::from_json(const json::Value& v) {
+  using json::get;
+  HardwareProfile p;
+  p.name = get<std::string>(json::at(v, "name"));
+  if (auto* s = json::find(v, "source")) p.source = get<std::string>(*s);
+  for (const auto& [t, f] : json::as_object(json::at(v, "peak_flops")).items()) p.peak_flops[parse_dtype(t)] = get<double>(f);
+  if (auto* g = json::find(v, "gemm_curve")) p.gemm_curve = points(*g, "gemm_curve", "[smallest dim, fraction of peak]");
+  if (auto* e = json::find(v, "elementwise_flops"))
+    for (const auto& [t, f] : json::as_object(*e).items()) p.elementwise_flops[parse_dtype(t)] = get<double>(f);
+  p.memory_bandwidth = get<double>(json::at(v, "memory_bandwidth"));
+  if (auto* per_op = json::find(v, "op_bandwidth"))
+    for (const auto& [k, b] : json::as_object(*per_op).items()) p.op_bandwidth[parse_op_kind(k)] = get<double>(b);
+  if (auto* curve = json::find(v, "cache_curve")) p.cache_curve = points(*curve, "cache_curve", "[bytes, bytes per second]");
+  if (auto* o = json::find(v, "op_overhead")) p.op_overhead = get<double>(*o);
+  if (auto* m = json::find(v, "memory_capacity")) p.memory_capacity = get<std::int64_t>(*m);
+  const json::Value links = json::at(v, "links");  // a copy: GCC 13 cannot tell the reference outlives "links"
+  for (const auto& r : json::as_array(links)) {
+    LinkRule rule;
+    if (auto* a = json::find(r, "axis")) rule.axis = get<std::string>(*a);
+    if (auto* c = json::find(r, "collective")) rule.collective = get<std::string>(*c);
+    if (rule.collective != "*") parse_collective_kind(rule.collective);
+    if (auto* g = json::find(r, "group_size")) rule.group_size = get<std::int64_t>(*g);
+    rule.link = {get<double>(json::at(r, "alpha")), get<double>(json::at(r, "beta")), {}};
+    if (auto* m = json::find(r, "measured")) rule.link.measured = points(*m, "links: measured", "[bytes, seconds]");
+    p.links.push_back(std::move(rule));
+  }
+  return p;
+}
+#endif
 
 }  // namespace partir

@@ -3,6 +3,7 @@
 // and each collective with its ring formula (sim/cost_model.hpp), and replays buffer liveness exactly as
 // the executor accounts it: inputs resident for the whole step, an intermediate from its op to its last
 // use (an op's operands and result count together), outputs to the end.
+#include "partir/config.hpp"
 #include "partir/sim/cost_model.hpp"
 #include "partir/sim/report.hpp"
 #include "partir/runtime/kernels/fusion.hpp"
@@ -60,6 +61,11 @@ inline std::string timeline_label(const SpmdOp& s, ValueId v) {
   return s.op.name.empty() ? "%" + std::to_string(v) : s.op.name;
 }
 
+// What one device's step costs (in a pipelined program: the step of all stages together; Report::stages has
+// each stage's).
+PARTIR_ENTRY Report simulate(const SpmdProgram& p, const HardwareProfile& hw);
+
+#if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
 inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw) {
@@ -219,10 +225,9 @@ inline Report simulate_pipeline(const SpmdProgram& p, const HardwareProfile& hw)
 
 }  // namespace detail
 
-// What one device's step costs (in a pipelined program: the step of all stages together; Report::stages has
-// each stage's).
-inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
+PARTIR_ENTRY Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
   return p.pipeline() ? detail::simulate_pipeline(p, hw) : detail::simulate_stage(p, hw);
 }
+#endif
 
 }  // namespace partir

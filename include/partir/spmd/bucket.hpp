@@ -15,10 +15,15 @@
 #include <string>
 #include <tuple>
 
+#include "partir/config.hpp"
 #include "partir/spmd/spmd_program.hpp"
 
 namespace partir {
 
+// The program with its small all_reduces fused into buckets of at most `bucket_bytes` (0: unchanged).
+PARTIR_ENTRY SpmdProgram bucket_all_reduces(const SpmdProgram& p, std::int64_t bucket_bytes);
+
+#if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
 struct Bucket {
@@ -67,8 +72,7 @@ inline std::vector<Bucket> plan_buckets(const SpmdProgram& p, std::int64_t bucke
 
 }  // namespace detail
 
-// The program with its small all_reduces fused into buckets of at most `bucket_bytes` (0: unchanged).
-inline SpmdProgram bucket_all_reduces(const SpmdProgram& p, std::int64_t bucket_bytes) {
+PARTIR_ENTRY SpmdProgram bucket_all_reduces(const SpmdProgram& p, std::int64_t bucket_bytes) {
   if (bucket_bytes < 0)
     user_error("bucket_all_reduces: bucket size " + std::to_string(bucket_bytes) + " bytes is negative (0 turns bucketing off)");
   if (bucket_bytes == 0) return p;
@@ -150,5 +154,6 @@ inline SpmdProgram bucket_all_reduces(const SpmdProgram& p, std::int64_t bucket_
   }
   return out;
 }
+#endif
 
 }  // namespace partir

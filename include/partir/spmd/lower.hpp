@@ -20,6 +20,7 @@
 // (collective_permute, sharding/halo.hpp).
 #include <map>
 
+#include "partir/config.hpp"
 #include "partir/sharding/halo.hpp"
 #include "partir/sharding/partitioned.hpp"
 #include "partir/sharding/rules.hpp"
@@ -29,6 +30,15 @@
 
 namespace partir {
 
+// What lowering does beyond the plan's own collectives.
+struct LowerOptions {
+  std::int64_t bucket_bytes = 0;  // fuse smaller all_reduces into buckets of this size (bucket.hpp); 0: off
+  friend bool operator==(const LowerOptions&, const LowerOptions&) = default;
+};
+
+PARTIR_ENTRY SpmdProgram lower(const Partitioned& plan, const LowerOptions& options = {});
+
+#if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
 class Lowering {
@@ -639,14 +649,9 @@ class Lowering {
 
 }  // namespace detail
 
-// What lowering does beyond the plan's own collectives.
-struct LowerOptions {
-  std::int64_t bucket_bytes = 0;  // fuse smaller all_reduces into buckets of this size (bucket.hpp); 0: off
-  friend bool operator==(const LowerOptions&, const LowerOptions&) = default;
-};
-
-inline SpmdProgram lower(const Partitioned& plan, const LowerOptions& options = {}) {
+PARTIR_ENTRY SpmdProgram lower(const Partitioned& plan, const LowerOptions& options) {
   return bucket_all_reduces(detail::Lowering(plan).run(), options.bucket_bytes);
 }
+#endif
 
 }  // namespace partir

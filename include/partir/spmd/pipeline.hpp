@@ -12,11 +12,16 @@
 #include <map>
 #include <set>
 
+#include "partir/config.hpp"
 #include "partir/ir/program.hpp"
 #include "partir/spmd/spmd_program.hpp"
 
 namespace partir {
 
+PARTIR_ENTRY SpmdProgram cut_into_stages(SpmdProgram lowered, const std::vector<ValueId>& source, const Program& prog,
+                                         const PipelineStages& stages);
+
+#if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
 struct StageTask {
@@ -273,9 +278,10 @@ class StageCutter {
 
 }  // namespace detail
 
-inline SpmdProgram cut_into_stages(SpmdProgram lowered, const std::vector<ValueId>& source, const Program& prog,
+PARTIR_ENTRY SpmdProgram cut_into_stages(SpmdProgram lowered, const std::vector<ValueId>& source, const Program& prog,
                                    const PipelineStages& stages) {
   return detail::StageCutter(std::move(lowered), source, prog, stages).run();
 }
+#endif
 
 }  // namespace partir

@@ -158,7 +158,7 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
 
 }  // namespace kernels
 
-PARTIR_KERNEL_ENTRY Array eval_fused(const FusionGroup& g, std::span<const Array* const> inputs) {
+PARTIR_ENTRY Array eval_fused(const FusionGroup& g, std::span<const Array* const> inputs) {
   Array out = kernels::buffer_cache().take(g.type);
   switch (g.type.dtype) {
     case DType::bf16: kernels::run_group<bf16>(g, inputs, out); break;

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "partir/config.hpp"
 #include "partir/ir/program.hpp"
 #include "partir/spmd/spmd_program.hpp"
 
@@ -86,6 +87,16 @@ class FusionPlan {
   std::vector<std::vector<ValueId>> last_uses_;
 };
 
+// One line per group: "%root = kind(args) ..." with inputs as %value, a broadcast pattern as %value/div%mod.
+PARTIR_ENTRY std::string to_string(const FusionPlan& plan);
+
+// The plan for a whole program on one device.
+PARTIR_ENTRY FusionPlan plan_fusion(const Program& p);
+
+// The plan for one device's SpmdProgram: collectives and row-sharded gathers run by themselves.
+PARTIR_ENTRY FusionPlan plan_fusion(const SpmdProgram& p);
+
+#if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
 inline bool fusable_kind(OpKind k) {
@@ -116,9 +127,9 @@ inline std::optional<FusedInput> broadcast_pattern(const Shape& x, const Op& b) 
 
 }  // namespace detail
 
-inline FusionPlan::FusionPlan(std::int64_t size, const std::function<const Op&(ValueId)>& op,
-                              const std::function<bool(ValueId)>& computed, const std::vector<ValueId>& outputs,
-                              bool fuse)
+PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const Op&(ValueId)>& op,
+                                    const std::function<bool(ValueId)>& computed, const std::vector<ValueId>& outputs,
+                                    bool fuse)
     : root_of_(static_cast<std::size_t>(size), -1), skipped_(static_cast<std::size_t>(size), 0),
       last_uses_(static_cast<std::size_t>(size)) {
   const auto n = static_cast<std::size_t>(size);
@@ -221,8 +232,7 @@ inline FusionPlan::FusionPlan(std::int64_t size, const std::function<const Op&(V
   }
 }
 
-// One line per group: "%root = kind(args) ..." with inputs as %value, a broadcast pattern as %value/div%mod.
-inline std::string to_string(const FusionPlan& plan) {
+PARTIR_ENTRY std::string to_string(const FusionPlan& plan) {
   std::string s;
   for (const auto& g : plan.groups()) {
     s += "%" + std::to_string(g.root) + " <-";
@@ -246,8 +256,7 @@ inline std::string to_string(const FusionPlan& plan) {
   return s;
 }
 
-// The plan for a whole program on one device.
-inline FusionPlan plan_fusion(const Program& p) {
+PARTIR_ENTRY FusionPlan plan_fusion(const Program& p) {
   std::vector<ValueId> outputs;
   for (const auto& o : p.outputs()) outputs.push_back(o.value);
   return FusionPlan(
@@ -255,8 +264,7 @@ inline FusionPlan plan_fusion(const Program& p) {
       [&](ValueId v) { return p.op(v).kind != OpKind::input; }, outputs, fusion_enabled());
 }
 
-// The plan for one device's SpmdProgram: collectives and row-sharded gathers run by themselves.
-inline FusionPlan plan_fusion(const SpmdProgram& p) {
+PARTIR_ENTRY FusionPlan plan_fusion(const SpmdProgram& p) {
   std::vector<ValueId> outputs;
   for (const auto& o : p.outputs()) outputs.push_back(o.value);
   return FusionPlan(
@@ -267,5 +275,6 @@ inline FusionPlan plan_fusion(const SpmdProgram& p) {
       },
       outputs, fusion_enabled());
 }
+#endif
 
 }  // namespace partir

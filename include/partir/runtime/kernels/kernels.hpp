@@ -38,7 +38,7 @@
 #include "partir/runtime/kernels/onednn.hpp"
 #include "partir/runtime/kernels/strides.hpp"
 
-#if defined(PARTIR_SEPARATE_COMPILATION) && !defined(PARTIR_COMPILING_LIBRARY)
+#if !PARTIR_DEFINE_ENTRIES
 #error "partir/runtime/kernels/kernels.hpp holds what libpartir compiles; with PARTIR_SEPARATE_COMPILATION include partir/runtime/kernels/eval.hpp, or build this translation unit header-only"
 #endif
 
@@ -550,7 +550,7 @@ inline Array eval_in_f32(const Op& op, std::span<const Array* const> operands) {
 }
 }  // namespace kernels
 
-PARTIR_KERNEL_ENTRY Array eval(const Op& op, std::span<const Array* const> operands) {
+PARTIR_ENTRY Array eval(const Op& op, std::span<const Array* const> operands) {
   using K = OpKind;
   namespace k = kernels;
   if (op.kind == K::input) internal_error("eval: input '" + op.name + "' has no kernel; the caller binds inputs");
