@@ -15,7 +15,7 @@ namespace partir {
 // the runner then frees an empty husk, which the buffer cache ignores); dying: the values whose last use
 // this op is.
 inline Array run_op(const Op& op, const FusionGroup* group, std::span<const Array* const> values,
-             std::span<std::optional<Array>> owned, std::span<const ValueId> dying) {
+                    std::span<std::optional<Array>> owned, std::span<const ValueId> dying) {
   std::vector<const Array*> operands;
   if (group) {
     for (const auto& in : group->inputs) operands.push_back(values[static_cast<std::size_t>(in.value)]);
