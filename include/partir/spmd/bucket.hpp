@@ -1,9 +1,9 @@
 #pragma once
 // Gradient bucketing (PyTorch DDP's buckets, XLA's all-reduce combiner): small all_reduces over the same
-// devices and dtype are fused into one all_reduce of their flattened operands, concatenated in program order
-// (the order backward produces gradients), up to a bucket size. Each collective costs a latency on every
-// backend (one rendezvous, one MPI call, one NCCL launch); under data parallelism a model has one gradient
-// all_reduce per parameter, most of them small.
+// devices, dtype and pipeline stage are fused into one all_reduce of their flattened operands, concatenated in
+// the order their operands become ready (the order backward produces gradients), up to a bucket size. Each
+// collective costs a latency on every backend (one rendezvous, one MPI call, one NCCL launch); under data
+// parallelism a model has one gradient all_reduce per parameter, most of them small.
 //
 // A bucket runs as soon as the last of its operands is ready (where DDP launches a bucket: when backward has
 // produced all its gradients), so an all_reduce joins a bucket only if that point comes before any member's
@@ -85,16 +85,16 @@ PARTIR_ENTRY SpmdProgram bucket_all_reduces(const SpmdProgram& p, std::int64_t b
     runs_after.emplace(b.ready, &b);
   }
 
-  auto flattened = [&](ValueId m) { return p.type(m).rank() == 1; };
+  auto already_flat = [&](ValueId m) { return p.type(m).rank() == 1; };
   // Where each value lands, known before building: a recv names its send, which may come later.
   std::vector<ValueId> moved(static_cast<std::size_t>(p.size()), -1);
   for (ValueId v = 0, next = 0; v < p.size(); ++v) {
     if (!bucketed[static_cast<std::size_t>(v)]) moved[static_cast<std::size_t>(v)] = next++;
     for (auto [it, end] = runs_after.equal_range(v); it != end; ++it) {
       const auto& members = it->second->members;
-      for (auto m : members) next += flattened(m) ? 0 : 1;
+      for (auto m : members) next += already_flat(m) ? 0 : 1;
       next += 2;  // join, reduce
-      for (auto m : members) moved[static_cast<std::size_t>(m)] = (next += flattened(m) ? 1 : 2) - 1;  // slice[, reshape]
+      for (auto m : members) moved[static_cast<std::size_t>(m)] = (next += already_flat(m) ? 1 : 2) - 1;  // slice[, reshape]
     }
   }
 
@@ -114,7 +114,7 @@ PARTIR_ENTRY SpmdProgram bucket_all_reduces(const SpmdProgram& p, std::int64_t b
       const ValueId operand = moved[static_cast<std::size_t>(p.op(m).op.operands[0])];
       Op flatten{OpKind::reshape, {operand}, {}, {{p.type(m).elements()}, dtype}, ""};
       flatten.attrs.shape = flatten.type.shape;
-      flat.push_back(flattened(m) ? operand : add(std::move(flatten)));
+      flat.push_back(already_flat(m) ? operand : add(std::move(flatten)));
       why += " [" + p.op(m).collective->reason + "]";
     }
     Op joined{OpKind::concatenate, flat, {}, {{bucket.bytes / size_of(dtype)}, dtype}, ""};
@@ -132,7 +132,7 @@ PARTIR_ENTRY SpmdProgram bucket_all_reduces(const SpmdProgram& p, std::int64_t b
       const ValueId piece = add(std::move(slice));
       Op unflatten{OpKind::reshape, {piece}, {}, t, ""};
       unflatten.attrs.shape = t.shape;
-      if ((flattened(m) ? piece : add(std::move(unflatten))) != moved[static_cast<std::size_t>(m)])
+      if ((already_flat(m) ? piece : add(std::move(unflatten))) != moved[static_cast<std::size_t>(m)])
         internal_error("bucket_all_reduces: the bucket of %" + std::to_string(m) + " is laid out differently than planned");
     }
   };
