@@ -18,6 +18,7 @@
 // which the NCCL communicator stages through the device.
 #include <partir/runtime/threads.hpp>
 #include <partir/sim/calibrate.hpp>
+#include <partir/sim/json.hpp>
 #ifdef PARTIR_BENCH_MPI
 #include <partir/runtime/mpi.hpp>
 #endif

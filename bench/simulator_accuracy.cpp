@@ -11,6 +11,7 @@
 // --trace-dir: per configuration, the simulated timeline (<N>-<strategy>.sim.json) and each device's measured
 // one (<N>-<strategy>.measured.<device>.json) as Chrome trace JSON, to open side by side in ui.perfetto.dev.
 #include <partir/partir.hpp>
+#include <partir/sim/trace.hpp>
 #ifdef PARTIR_BENCH_MPI
 #include <partir/runtime/mpi.hpp>
 #endif

@@ -8,6 +8,7 @@
 //   build/examples/gpt_infer --mesh batch=2,model=2 --schedule mq --train-schedule bp,mq
 //   mpirun -np 2 build/examples/gpt_infer --backend mpi
 #include <partir/partir.hpp>
+#include <partir/sim/json.hpp>
 
 #include "cli.hpp"
 #include "gpt_common.hpp"

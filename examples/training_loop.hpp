@@ -4,6 +4,7 @@
 // global batch, and carries the updated shards to the next step. Device 0 prints and writes the report.
 #include <partir/partir.hpp>
 #include <partir/runtime/checkpoint.hpp>
+#include <partir/sim/json.hpp>
 #ifdef PARTIR_EXAMPLES_MPI
 #include <partir/runtime/mpi.hpp>
 #endif
@@ -414,5 +415,16 @@ void run_on_backend(const std::string& backend, std::int64_t devices, int& argc,
     p::user_error("--backend: expected threads, mpi or nccl, got '" + backend + "'");
   }
 }
+
+#ifndef PARTIR_EXAMPLES_LIBRARY
+// Compiled once, in training_loop.cpp (library examples_common), for each backend the build has.
+extern template Trained train(const p::Executable<p::threads::Communicator>&, const BatchFn&, const LoopOptions&);
+#ifdef PARTIR_EXAMPLES_MPI
+extern template Trained train(const p::Executable<p::mpi::Communicator>&, const BatchFn&, const LoopOptions&);
+#endif
+#ifdef PARTIR_EXAMPLES_NCCL
+extern template Trained train(const p::Executable<p::nccl::Communicator>&, const BatchFn&, const LoopOptions&);
+#endif
+#endif
 
 }  // namespace examples

@@ -6,4 +6,5 @@
 
 namespace partir {
 template DeviceResult execute(const SpmdProgram&, threads::Communicator&, const NamedArrays&, ExecuteOptions);
+template class Executable<threads::Communicator>;
 }  // namespace partir

@@ -5,6 +5,7 @@
 
 #include <partir/partir.hpp>
 #include <partir/runtime/executor.hpp>
+#include <partir/sim/trace.hpp>
 #include <partir/spmd/lower.hpp>
 
 #include <cstdio>

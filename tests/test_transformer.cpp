@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <partir/partir.hpp>
+#include <partir/sim/trace.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,6 @@
 #pragma once
 // The umbrella header: includes only.
+#include "partir/config.hpp"
 #include "partir/error.hpp"
 #include "partir/ir/dtype.hpp"
 #include "partir/ir/tensor_type.hpp"
@@ -50,12 +51,17 @@
 #include "partir/tactics/automatic.hpp"
 #include "partir/runtime/checkpoint.hpp"
 #include "partir/tactics/presets.hpp"
-#include "partir/sim/json.hpp"
 #include "partir/sim/hardware_profile.hpp"
 #include "partir/sim/cost_model.hpp"
 #include "partir/sim/report.hpp"
 #include "partir/sim/simulator.hpp"
-#include "partir/sim/trace.hpp"
 #include "partir/tactics/remat_search.hpp"
 #include "partir/sim/calibrate.hpp"
 #include "partir/sim/machine_profile.hpp"
+
+// JSON itself (reading a Report's to_json(), writing Chrome traces) costs every translation unit that parses
+// it ~1.5 s: in the separately compiled mode include partir/sim/json.hpp or partir/sim/trace.hpp where used.
+#if PARTIR_DEFINE_ENTRIES
+#include "partir/sim/json.hpp"
+#include "partir/sim/trace.hpp"
+#endif

@@ -114,27 +114,7 @@ struct SGD {
   double learning_rate = 1e-2, momentum = 0, weight_decay = 0;
   bool nesterov = false;
 
-  ParamUpdate update(Program& p, ValueId param, ValueId grad, const std::optional<Tensor>& lr_scale = {}) const {
-    detail::check_hyperparameter("SGD", "learning_rate", learning_rate, 0, false, "a learning rate is >= 0");
-    detail::check_hyperparameter("SGD", "momentum", momentum, 0, false, "momentum is >= 0");
-    detail::check_hyperparameter("SGD", "weight_decay", weight_decay, 0, false, "a weight decay is >= 0");
-    if (nesterov && momentum == 0) user_error("SGD: nesterov needs a momentum > 0");
-    const Tensor stored = detail::param_input(p, param, grad, "SGD");
-    const DType math = detail::update_dtype(stored.dtype());
-    const std::string name = p.op(param).name;
-    const Tensor w = convert(stored, math);
-    Tensor g = convert(Tensor{p, grad}, math);
-    if (weight_decay > 0) g = g + weight_decay * w;
-    ParamUpdate out;
-    if (momentum > 0) {
-      const std::string b_name = "opt/sgd/momentum/" + name;
-      const Tensor b = momentum * detail::state_input(p, b_name, stored.type(), math) + g;
-      out.state.push_back({b_name, convert(b, stored.dtype()).id(), b_name});
-      g = nesterov ? g + momentum * b : b;
-    }
-    out.param = convert(w - detail::learning_rate(p, learning_rate, lr_scale, math) * g, stored.dtype()).id();
-    return out;
-  }
+  ParamUpdate update(Program& p, ValueId param, ValueId grad, const std::optional<Tensor>& lr_scale = {}) const;
 };
 
 // Adam (Kingma & Ba, as in torch.optim.Adam):
@@ -146,9 +126,7 @@ struct Adam {
 
   static constexpr const char* step_name = detail::adam_step_name;
 
-  ParamUpdate update(Program& p, ValueId param, ValueId grad, const std::optional<Tensor>& lr_scale = {}) const {
-    return detail::adam_update(p, param, grad, lr_scale, {learning_rate, beta1, beta2, eps, 0}, "Adam");
-  }
+  ParamUpdate update(Program& p, ValueId param, ValueId grad, const std::optional<Tensor>& lr_scale = {}) const;
 };
 
 // AdamW (as torch.optim.AdamW): p <- p * (1 - lr * weight_decay), then Adam's step, with Adam's state (so a
@@ -164,19 +142,51 @@ struct AdamW {
     return std::any_of(decay.begin(), decay.end(), [&](const auto& g) { return glob_match(g, p.op(param).name); });
   }
 
-  ParamUpdate update(Program& p, ValueId param, ValueId grad, const std::optional<Tensor>& lr_scale = {}) const {
-    detail::check_hyperparameter("AdamW", "weight_decay", weight_decay, 0, false, "a weight decay is >= 0");
-    const double d = param >= 0 && param < p.size() && decays(p, param) ? weight_decay : 0;
-    return detail::adam_update(p, param, grad, lr_scale, {learning_rate, beta1, beta2, eps, d}, "AdamW");
-  }
+  ParamUpdate update(Program& p, ValueId param, ValueId grad, const std::optional<Tensor>& lr_scale = {}) const;
 
   // A `decay` glob that selects no parameter is a typo, not a choice.
-  void check(const Program& p, const std::vector<ValueId>& params, const std::string& who) const {
-    for (const auto& g : decay)
-      if (std::none_of(params.begin(), params.end(), [&](ValueId v) { return glob_match(g, p.op(v).name); }))
-        user_error(who + ": AdamW decay selector '" + g + "' matches no parameter (parameters are named like '" +
-                   (params.empty() ? std::string("params/...") : p.op(params[0]).name) + "')");
-  }
+  void check(const Program& p, const std::vector<ValueId>& params, const std::string& who) const;
 };
+
+#if PARTIR_DEFINE_ENTRIES
+PARTIR_ENTRY ParamUpdate SGD::update(Program& p, ValueId param, ValueId grad, const std::optional<Tensor>& lr_scale) const {
+  detail::check_hyperparameter("SGD", "learning_rate", learning_rate, 0, false, "a learning rate is >= 0");
+  detail::check_hyperparameter("SGD", "momentum", momentum, 0, false, "momentum is >= 0");
+  detail::check_hyperparameter("SGD", "weight_decay", weight_decay, 0, false, "a weight decay is >= 0");
+  if (nesterov && momentum == 0) user_error("SGD: nesterov needs a momentum > 0");
+  const Tensor stored = detail::param_input(p, param, grad, "SGD");
+  const DType math = detail::update_dtype(stored.dtype());
+  const std::string name = p.op(param).name;
+  const Tensor w = convert(stored, math);
+  Tensor g = convert(Tensor{p, grad}, math);
+  if (weight_decay > 0) g = g + weight_decay * w;
+  ParamUpdate out;
+  if (momentum > 0) {
+    const std::string b_name = "opt/sgd/momentum/" + name;
+    const Tensor b = momentum * detail::state_input(p, b_name, stored.type(), math) + g;
+    out.state.push_back({b_name, convert(b, stored.dtype()).id(), b_name});
+    g = nesterov ? g + momentum * b : b;
+  }
+  out.param = convert(w - detail::learning_rate(p, learning_rate, lr_scale, math) * g, stored.dtype()).id();
+  return out;
+}
+
+PARTIR_ENTRY ParamUpdate Adam::update(Program& p, ValueId param, ValueId grad, const std::optional<Tensor>& lr_scale) const {
+  return detail::adam_update(p, param, grad, lr_scale, {learning_rate, beta1, beta2, eps, 0}, "Adam");
+}
+
+PARTIR_ENTRY ParamUpdate AdamW::update(Program& p, ValueId param, ValueId grad, const std::optional<Tensor>& lr_scale) const {
+  detail::check_hyperparameter("AdamW", "weight_decay", weight_decay, 0, false, "a weight decay is >= 0");
+  const double d = param >= 0 && param < p.size() && decays(p, param) ? weight_decay : 0;
+  return detail::adam_update(p, param, grad, lr_scale, {learning_rate, beta1, beta2, eps, d}, "AdamW");
+}
+
+PARTIR_ENTRY void AdamW::check(const Program& p, const std::vector<ValueId>& params, const std::string& who) const {
+  for (const auto& g : decay)
+    if (std::none_of(params.begin(), params.end(), [&](ValueId v) { return glob_match(g, p.op(v).name); }))
+      user_error(who + ": AdamW decay selector '" + g + "' matches no parameter (parameters are named like '" +
+                 (params.empty() ? std::string("params/...") : p.op(params[0]).name) + "')");
+}
+#endif
 
 }  // namespace partir

@@ -2,6 +2,7 @@
 // train_step: a whole training step (forward, backward, optimizer update) as ONE program, so that
 // partitioning sees parameters, gradients and optimizer state together and ties each new value to the
 // input it replaces in the next step.
+#include <functional>
 #include <optional>
 
 #include "partir/autodiff/grad.hpp"
@@ -35,6 +36,64 @@ struct StepOptions {
   static constexpr const char* clip_tag = "clip/global_norm";
 };
 
+namespace detail {
+// train_step's loss function and optimizer, type-erased: the step is built by one function compiled once
+// (config.hpp), whatever the model and the optimizer.
+using LossOfInputs = std::function<Tensor(const std::vector<Tensor>&)>;
+struct OptimizerRef {
+  std::function<ParamUpdate(Program&, ValueId, ValueId, const std::optional<Tensor>&)> update;
+  std::function<void(const Program&, const std::vector<ValueId>&, const std::string&)> check;
+
+  template <Optimizer Opt>
+  static OptimizerRef of(const Opt& opt) {
+    return {[&opt](Program& p, ValueId param, ValueId grad, const std::optional<Tensor>& lr_scale) {
+              return opt.update(p, param, grad, lr_scale);
+            },
+            [&opt](const Program& p, const std::vector<ValueId>& params, const std::string& who) {
+              if constexpr (requires { opt.check(p, params, who); }) opt.check(p, params, who);
+            }};
+  }
+};
+
+PARTIR_ENTRY Program build_train_step(const LossOfInputs& loss_fn, const OptimizerRef& opt,
+                                      const std::vector<InputSpec>& data, const StepOptions& options,
+                                      const std::string& name);
+
+template <class LossFn, Optimizer Opt>
+Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>& data, const StepOptions& options,
+                   const std::string& name) {
+  const LossOfInputs loss = [&loss_fn](const std::vector<Tensor>& xs) {
+    auto result = call_traced(loss_fn, xs);
+    static_assert(std::is_same_v<decltype(result), Tensor>, "train_step: the loss function must return a Tensor");
+    return result;
+  };
+  return build_train_step(loss, OptimizerRef::of(opt), data, options, name);
+}
+}  // namespace detail
+
+// Traces loss_fn on the data inputs (N Tensors or a std::vector<Tensor>, as trace() calls it; parameters are
+// declared inside with param() or nn blocks), differentiates the loss w.r.t. every parameter and applies
+// opt. Outputs: "loss" (and "grad_norm" when clipping); then each parameter under its own name, updating it;
+// then the optimizer state, each under (and updating) its input's name. With a precision policy (precision.hpp) the model is traced
+// under it: parameters and optimizer state in `params` dtype, the model in `compute`, the loss in `output`.
+template <class LossFn, Optimizer Opt>
+Program train_step(LossFn loss_fn, const Opt& opt, const std::vector<InputSpec>& data,
+                   const std::string& name = "train_step") {
+  return detail::train_step(loss_fn, opt, data, StepOptions{}, name);
+}
+template <class LossFn, Optimizer Opt>
+Program train_step(LossFn loss_fn, const Opt& opt, const std::vector<InputSpec>& data, const MixedPrecision& precision,
+                   const std::string& name = "train_step") {
+  return detail::train_step(loss_fn, opt, data, StepOptions{precision}, name);
+}
+// With StepOptions: gradient clipping, a scheduled learning rate, a precision policy.
+template <class LossFn, Optimizer Opt>
+Program train_step(LossFn loss_fn, const Opt& opt, const std::vector<InputSpec>& data, const StepOptions& options,
+                   const std::string& name = "train_step") {
+  return detail::train_step(loss_fn, opt, data, options, name);
+}
+
+#if PARTIR_DEFINE_ENTRIES
 namespace detail {
 // Rows j, j + m, j + 2m... of x (dim 0).
 inline Tensor microbatch(const Tensor& x, int j, int m) {
@@ -120,9 +179,9 @@ inline std::vector<ValueId> clip_by_global_norm(Program& p, const std::vector<Va
   return out;
 }
 
-template <class LossFn, Optimizer Opt>
-Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>& data, const StepOptions& options,
-                   const std::string& name) {
+PARTIR_ENTRY Program build_train_step(const LossOfInputs& loss_fn, const OptimizerRef& opt,
+                                      const std::vector<InputSpec>& data, const StepOptions& options,
+                                      const std::string& name) {
   Program p(name);
   const std::string who = "train_step '" + name + "'";
   const MixedPrecision* precision = options.precision ? &*options.precision : nullptr;
@@ -147,8 +206,7 @@ Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>
     if (precision) policy.emplace(*precision);
     std::vector<Tensor> xs;
     for (ValueId in : inputs) xs.push_back(detail::to_compute(p, m > 1 ? detail::microbatch(Tensor{p, in}, j, m).id() : in));
-    auto result = detail::call_traced(loss_fn, xs);
-    static_assert(std::is_same_v<decltype(result), Tensor>, "train_step: the loss function must return a Tensor");
+    const Tensor result = loss_fn(xs);
     detail::check_loss_type(who, "the loss", p.type(result.id()));
     return precision ? convert(result, precision->output) : result;
   };
@@ -157,7 +215,7 @@ Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>
   for (auto v : p.inputs())
     if (p.op(v).attrs.input_kind == InputKind::parameter) params.push_back(v);
   if (params.empty()) user_error(who + ": the loss function declares no parameters (see param() and nn)");
-  if constexpr (requires { opt.check(p, params, who); }) opt.check(p, params, who);
+  opt.check(p, params, who);
 
   std::optional<LossScaler> scaler;
   if (precision && precision->loss_scaling) scaler.emplace(p, *precision->loss_scaling);
@@ -209,27 +267,6 @@ Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>
   return out;
 }
 }  // namespace detail
-
-// Traces loss_fn on the data inputs (N Tensors or a std::vector<Tensor>, as trace() calls it; parameters are
-// declared inside with param() or nn blocks), differentiates the loss w.r.t. every parameter and applies
-// opt. Outputs: "loss" (and "grad_norm" when clipping); then each parameter under its own name, updating it;
-// then the optimizer state, each under (and updating) its input's name. With a precision policy (precision.hpp) the model is traced
-// under it: parameters and optimizer state in `params` dtype, the model in `compute`, the loss in `output`.
-template <class LossFn, Optimizer Opt>
-Program train_step(LossFn loss_fn, const Opt& opt, const std::vector<InputSpec>& data,
-                   const std::string& name = "train_step") {
-  return detail::train_step(loss_fn, opt, data, StepOptions{}, name);
-}
-template <class LossFn, Optimizer Opt>
-Program train_step(LossFn loss_fn, const Opt& opt, const std::vector<InputSpec>& data, const MixedPrecision& precision,
-                   const std::string& name = "train_step") {
-  return detail::train_step(loss_fn, opt, data, StepOptions{precision}, name);
-}
-// With StepOptions: gradient clipping, a scheduled learning rate, a precision policy.
-template <class LossFn, Optimizer Opt>
-Program train_step(LossFn loss_fn, const Opt& opt, const std::vector<InputSpec>& data, const StepOptions& options,
-                   const std::string& name = "train_step") {
-  return detail::train_step(loss_fn, opt, data, options, name);
-}
+#endif
 
 }  // namespace partir

@@ -158,4 +158,8 @@ Executable<C> compile(const Partitioned& plan, C& comm, const LowerOptions& opti
   return {lower(plan, options), comm};
 }
 
+#if !PARTIR_DEFINE_ENTRIES
+extern template class Executable<threads::Communicator>;  // instantiated once, in libpartir
+#endif
+
 }  // namespace partir

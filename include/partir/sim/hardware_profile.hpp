@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "partir/config.hpp"
-#include "partir/sim/json.hpp"
+#include "partir/sim/json_value.hpp"
 #include "partir/spmd/spmd_program.hpp"
 
 namespace partir {
@@ -136,14 +136,8 @@ struct HardwareProfile {
   // A UserError names the member that is missing or of the wrong type.
   static HardwareProfile from_json(const json::Value& v);
 
-  void save(const std::string& path) const { json::write_file(path, to_json()); }
-  static HardwareProfile load(const std::string& path) {
-    try {
-      return from_json(json::read_file(path));
-    } catch (const UserError& e) {
-      user_error("hardware profile " + path + ": " + e.what());
-    }
-  }
+  void save(const std::string& path) const;
+  static HardwareProfile load(const std::string& path);
 
   // The 2-core x86 VM partir is developed on (DESIGN.md, environment facts), one device per core:
   // Eigen sgemm ~80 GFLOP/s per thread (40% of it with a dim of 16, 73% at 64), fused elementwise steps ~9 G/s (f32), memcpy ~11 GB/s, Open MPI
@@ -193,31 +187,16 @@ struct HardwareProfile {
     user_error("no built-in hardware profile '" + std::string(name) + "' (cpu, a100-nvlink, h100-nvlink, h200-nvlink)");
   }
   // A built-in name or a JSON file.
-  static HardwareProfile named(const std::string& name_or_path) {
-    for (const auto& n : builtin_names())
-      if (n == name_or_path) return builtin(n);
-    return load(name_or_path);
-  }
+  static HardwareProfile named(const std::string& name_or_path);
   // The profile of this machine: the file (or built-in name) in $PARTIR_PROFILE, else the CPU built-in.
-  static HardwareProfile detect() {
-    const char* env = std::getenv("PARTIR_PROFILE");
-    return env && *env ? named(env) : cpu();
-  }
+  static HardwareProfile detect();
 
   friend bool operator==(const HardwareProfile&, const HardwareProfile&) = default;
 
  private:
   // [[x, y], ...] with x increasing.
   static std::vector<std::pair<double, double>> points(const json::Value& v, const std::string& what,
-                                                       const std::string& point) {
-    std::vector<std::pair<double, double>> out;
-    for (const auto& p : json::as_array(v)) {
-      if (json::as_array(p).size() != 2) user_error(what + ": each point is " + point);
-      out.emplace_back(json::get<double>(p[0]), json::get<double>(p[1]));
-      if (out.size() > 1 && out.back().first <= out[out.size() - 2].first) user_error(what + ": points must increase");
-    }
-    return out;
-  }
+                                                       const std::string& point);
 
   static HardwareProfile nvlink_gpu(std::string name, std::string source, double f32, double f64, double half,
                                     double hbm, std::int64_t gib, double nvlink) {
@@ -233,7 +212,45 @@ struct HardwareProfile {
   }
 };
 
+}  // namespace partir
+
 #if PARTIR_DEFINE_ENTRIES
+#include "partir/sim/json.hpp"
+
+namespace partir {
+
+PARTIR_ENTRY void HardwareProfile::save(const std::string& path) const { json::write_file(path, to_json()); }
+
+PARTIR_ENTRY HardwareProfile HardwareProfile::load(const std::string& path) {
+  try {
+    return from_json(json::read_file(path));
+  } catch (const UserError& e) {
+    user_error("hardware profile " + path + ": " + e.what());
+  }
+}
+
+PARTIR_ENTRY HardwareProfile HardwareProfile::named(const std::string& name_or_path) {
+  for (const auto& n : builtin_names())
+    if (n == name_or_path) return builtin(n);
+  return load(name_or_path);
+}
+
+PARTIR_ENTRY HardwareProfile HardwareProfile::detect() {
+  const char* env = std::getenv("PARTIR_PROFILE");
+  return env && *env ? named(env) : cpu();
+}
+
+PARTIR_ENTRY std::vector<std::pair<double, double>> HardwareProfile::points(const json::Value& v, const std::string& what,
+                                                                        const std::string& point) {
+  std::vector<std::pair<double, double>> out;
+  for (const auto& p : json::as_array(v)) {
+    if (json::as_array(p).size() != 2) user_error(what + ": each point is " + point);
+    out.emplace_back(json::get<double>(p[0]), json::get<double>(p[1]));
+    if (out.size() > 1 && out.back().first <= out[out.size() - 2].first) user_error(what + ": points must increase");
+  }
+  return out;
+}
+
 PARTIR_ENTRY json::Value HardwareProfile::to_json() const {
   json::Value flops = json::Value::object(), elementwise = json::Value::object(), per_op = json::Value::object();
   for (const auto& [t, f] : peak_flops) flops[std::string(name_of(t))] = f;
@@ -280,6 +297,6 @@ PARTIR_ENTRY HardwareProfile HardwareProfile::from_json(const json::Value& v) {
   }
   return p;
 }
-#endif
 
 }  // namespace partir
+#endif

@@ -13,10 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include "partir/error.hpp"
+#include "partir/sim/json_value.hpp"
 
 namespace partir::json {
-
-using Value = nlohmann::ordered_json;
 
 // nlohmann's message without its "[json.exception.parse_error.101] " tag.
 inline std::string message(const nlohmann::json::exception& e) {

@@ -9,7 +9,8 @@
 #include <cstdio>
 #include <ostream>
 
-#include "partir/sim/json.hpp"
+#include "partir/config.hpp"
+#include "partir/sim/json_value.hpp"
 #include "partir/spmd/spmd_program.hpp"
 
 namespace partir {
@@ -95,40 +96,7 @@ struct Report {
     return out;
   }
 
-  json::Value to_json() const {
-    json::Value breakdown = json::Value::object(), resident = json::Value::object();
-    for (std::size_t k = 0; k < peak.bytes.size(); ++k) breakdown[std::string(name_of(MemoryKind(k)))] = peak.bytes[k];
-    for (std::size_t k = 0; k < inputs.bytes.size(); ++k)
-      if (inputs.bytes[k]) resident[std::string(name_of(MemoryKind(k)))] = inputs.bytes[k];
-    json::Value ops = json::Value::array();
-    for (const auto& t : timeline) {
-      json::Value o = {{"value", t.value}, {"what", t.what}, {"label", t.label}, {"communication", t.communication},
-                       {"start_s", t.start}, {"seconds", t.seconds}, {"bound", t.bound}};
-      if (t.communication) {
-        o.update({{"bytes", t.bytes}, {"wire_bytes", t.wire_bytes}, {"group_size", t.group_size}, {"reason", t.reason}});
-      } else {
-        o.update({{"flops", t.flops}, {"bytes", t.bytes}});
-      }
-      ops.push_back(std::move(o));
-    }
-    json::Value out = {
-        {"program", program}, {"profile", profile}, {"mesh", mesh.to_string()},
-        {"time_model", "compute and communication serialized (no overlap)"},
-        {"step_seconds", step_seconds}, {"compute_seconds", compute_seconds},
-        {"communication_seconds", communication_seconds}, {"flops", flops}, {"wire_bytes", wire_bytes},
-        {"collectives", collectives().size()},
-        {"memory", {{"peak_bytes", peak_bytes}, {"peak_at", peak_at}, {"breakdown", breakdown}, {"inputs", resident},
-                    {"capacity", memory_capacity}}},
-        {"timeline", ops}};
-    if (!stages.empty()) {
-      json::Value list = json::Value::array();
-      for (const auto& st : stages)
-        list.push_back({{"busy_seconds", st.busy_seconds}, {"wait_seconds", st.wait_seconds},
-                        {"finish_seconds", st.finish_seconds}, {"p2p_bytes", st.p2p_bytes}, {"peak_bytes", st.peak_bytes}});
-      out["pipeline"] = {{"bubble_fraction", bubble_fraction}, {"stages", list}};
-    }
-    return out;
-  }
+  json::Value to_json() const;
 };
 
 // Sizes and durations as people read them: 1.50 MiB, 2.345 ms.
@@ -149,7 +117,51 @@ inline std::string human_seconds(double s) {
 }
 
 // A summary, the memory breakdown at the peak, every collective, and the ops that take the most time.
-inline std::ostream& operator<<(std::ostream& os, const Report& r) {
+PARTIR_ENTRY std::ostream& operator<<(std::ostream& os, const Report& r);
+
+}  // namespace partir
+
+#if PARTIR_DEFINE_ENTRIES
+#include "partir/sim/json.hpp"
+
+namespace partir {
+
+PARTIR_ENTRY json::Value Report::to_json() const {
+  json::Value breakdown = json::Value::object(), resident = json::Value::object();
+  for (std::size_t k = 0; k < peak.bytes.size(); ++k) breakdown[std::string(name_of(MemoryKind(k)))] = peak.bytes[k];
+  for (std::size_t k = 0; k < inputs.bytes.size(); ++k)
+    if (inputs.bytes[k]) resident[std::string(name_of(MemoryKind(k)))] = inputs.bytes[k];
+  json::Value ops = json::Value::array();
+  for (const auto& t : timeline) {
+    json::Value o = {{"value", t.value}, {"what", t.what}, {"label", t.label}, {"communication", t.communication},
+                     {"start_s", t.start}, {"seconds", t.seconds}, {"bound", t.bound}};
+    if (t.communication) {
+      o.update({{"bytes", t.bytes}, {"wire_bytes", t.wire_bytes}, {"group_size", t.group_size}, {"reason", t.reason}});
+    } else {
+      o.update({{"flops", t.flops}, {"bytes", t.bytes}});
+    }
+    ops.push_back(std::move(o));
+  }
+  json::Value out = {
+      {"program", program}, {"profile", profile}, {"mesh", mesh.to_string()},
+      {"time_model", "compute and communication serialized (no overlap)"},
+      {"step_seconds", step_seconds}, {"compute_seconds", compute_seconds},
+      {"communication_seconds", communication_seconds}, {"flops", flops}, {"wire_bytes", wire_bytes},
+      {"collectives", collectives().size()},
+      {"memory", {{"peak_bytes", peak_bytes}, {"peak_at", peak_at}, {"breakdown", breakdown}, {"inputs", resident},
+                  {"capacity", memory_capacity}}},
+      {"timeline", ops}};
+  if (!stages.empty()) {
+    json::Value list = json::Value::array();
+    for (const auto& st : stages)
+      list.push_back({{"busy_seconds", st.busy_seconds}, {"wait_seconds", st.wait_seconds},
+                      {"finish_seconds", st.finish_seconds}, {"p2p_bytes", st.p2p_bytes}, {"peak_bytes", st.peak_bytes}});
+    out["pipeline"] = {{"bubble_fraction", bubble_fraction}, {"stages", list}};
+  }
+  return out;
+}
+
+PARTIR_ENTRY std::ostream& operator<<(std::ostream& os, const Report& r) {
   char line[256];
   os << "simulated " << r.program << " on " << r.mesh.to_string() << ", profile " << r.profile
      << " (per device; compute and communication serialized, no overlap)\n";
@@ -212,3 +224,4 @@ inline std::ostream& operator<<(std::ostream& os, const Report& r) {
 }
 
 }  // namespace partir
+#endif

@@ -4,6 +4,7 @@
 // real ops (an executor, a benchmark) can emit the same events, so predicted and measured timelines open
 // side by side.
 #include "partir/runtime/executor.hpp"
+#include "partir/sim/json.hpp"
 #include "partir/sim/report.hpp"
 #include "partir/sim/simulator.hpp"
 

@@ -31,6 +31,7 @@
 #include <set>
 #include <thread>
 
+#include "partir/config.hpp"
 #include "partir/sharding/partitioned.hpp"
 #include "partir/sim/hardware_profile.hpp"
 #include "partir/sim/simulator.hpp"
@@ -111,6 +112,46 @@ inline std::ostream& operator<<(std::ostream& os, const SearchReport& r) {
   return os << "\n";
 }
 
+struct AutomaticPartition {
+  std::vector<std::string> axes;
+  Objective objective = Objective::step_time;
+  std::int64_t memory_budget_bytes = 0;  // per-device peak; 0: none
+  SearchBudget search_budget = {};
+  HardwareProfile profile = HardwareProfile::cpu();  // what the candidates are simulated on
+  std::string label = {};                             // "" gives "auto(model)"
+  // Where apply() leaves its report (shared by the copies a Schedule holds); not part of the tactic's identity.
+  std::shared_ptr<SearchReport> report = nullptr;
+
+  std::string name() const {
+    if (!label.empty()) return label;
+    std::string s = "auto(";
+    for (std::size_t i = 0; i < axes.size(); ++i) s += (i ? "," : "") + axes[i];
+    return s + ")";
+  }
+
+  // The search from state s (the program as the earlier tactics left it); s is not changed.
+  SearchReport search(const PartitionState& s) const { return run(s).first; }
+
+  void apply(PartitionState& s) const;
+
+
+  friend bool operator==(const AutomaticPartition& a, const AutomaticPartition& b) {
+    return a.axes == b.axes && a.objective == b.objective && a.memory_budget_bytes == b.memory_budget_bytes &&
+           a.search_budget == b.search_budget && a.profile == b.profile && a.label == b.label;
+  }
+
+ private:
+  std::vector<int> axis_ids(const PartitionState& s) const {
+    if (axes.empty()) user_error(s.tactic_label() + ": AutomaticPartition needs at least one mesh axis to search over");
+    std::vector<int> out;
+    for (const auto& a : axes) out.push_back(s.axis(a));
+    return out;
+  }
+  std::pair<SearchReport, std::vector<int>> run(const PartitionState& s) const;
+
+};
+
+#if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
 // The values an action tiles together, and how to name them in a ManualPartition: a glob where one names
@@ -586,57 +627,25 @@ class AutoSearch {
 
 }  // namespace detail
 
-struct AutomaticPartition {
-  std::vector<std::string> axes;
-  Objective objective = Objective::step_time;
-  std::int64_t memory_budget_bytes = 0;  // per-device peak; 0: none
-  SearchBudget search_budget = {};
-  HardwareProfile profile = HardwareProfile::cpu();  // what the candidates are simulated on
-  std::string label = {};                             // "" gives "auto(model)"
-  // Where apply() leaves its report (shared by the copies a Schedule holds); not part of the tactic's identity.
-  std::shared_ptr<SearchReport> report = nullptr;
+PARTIR_ENTRY void AutomaticPartition::apply(PartitionState& s) const {
+  auto [r, sequence] = run(s);
+  if (memory_budget_bytes > 0 && !r.chosen.fits)
+    user_error(s.tactic_label() + ": no plan found fits the memory budget of " +
+               human_bytes(static_cast<double>(memory_budget_bytes)) + " per device; the best of " +
+               std::to_string(r.evaluations) + " plans evaluated (" + to_string(r.chosen) + ") needs " +
+               human_bytes(static_cast<double>(r.chosen.peak_bytes)));
+  // Replay the chosen actions exactly as evaluated: tile, then propagate, one action at a time.
+  detail::AutoSearch replay(s, axis_ids(s), objective, memory_budget_bytes, search_budget, profile);
+  for (int i : sequence) replay.apply(s, i);
+  if (report) *report = std::move(r);
+}
 
-  std::string name() const {
-    if (!label.empty()) return label;
-    std::string s = "auto(";
-    for (std::size_t i = 0; i < axes.size(); ++i) s += (i ? "," : "") + axes[i];
-    return s + ")";
-  }
-
-  // The search from state s (the program as the earlier tactics left it); s is not changed.
-  SearchReport search(const PartitionState& s) const { return run(s).first; }
-
-  void apply(PartitionState& s) const {
-    auto [r, sequence] = run(s);
-    if (memory_budget_bytes > 0 && !r.chosen.fits)
-      user_error(s.tactic_label() + ": no plan found fits the memory budget of " +
-                 human_bytes(static_cast<double>(memory_budget_bytes)) + " per device; the best of " +
-                 std::to_string(r.evaluations) + " plans evaluated (" + to_string(r.chosen) + ") needs " +
-                 human_bytes(static_cast<double>(r.chosen.peak_bytes)));
-    // Replay the chosen actions exactly as evaluated: tile, then propagate, one action at a time.
-    detail::AutoSearch replay(s, axis_ids(s), objective, memory_budget_bytes, search_budget, profile);
-    for (int i : sequence) replay.apply(s, i);
-    if (report) *report = std::move(r);
-  }
-
-  friend bool operator==(const AutomaticPartition& a, const AutomaticPartition& b) {
-    return a.axes == b.axes && a.objective == b.objective && a.memory_budget_bytes == b.memory_budget_bytes &&
-           a.search_budget == b.search_budget && a.profile == b.profile && a.label == b.label;
-  }
-
- private:
-  std::vector<int> axis_ids(const PartitionState& s) const {
-    if (axes.empty()) user_error(s.tactic_label() + ": AutomaticPartition needs at least one mesh axis to search over");
-    std::vector<int> out;
-    for (const auto& a : axes) out.push_back(s.axis(a));
-    return out;
-  }
-  std::pair<SearchReport, std::vector<int>> run(const PartitionState& s) const {
-    detail::AutoSearch search(s, axis_ids(s), objective, memory_budget_bytes, search_budget, profile);
-    SearchReport r = search.run();
-    r.tactic = s.tactic_label();
-    return {std::move(r), search.best_sequence()};
-  }
-};
+PARTIR_ENTRY std::pair<SearchReport, std::vector<int>> AutomaticPartition::run(const PartitionState& s) const {
+  detail::AutoSearch search(s, axis_ids(s), objective, memory_budget_bytes, search_budget, profile);
+  SearchReport r = search.run();
+  r.tactic = s.tactic_label();
+  return {std::move(r), search.best_sequence()};
+}
+#endif
 
 }  // namespace partir

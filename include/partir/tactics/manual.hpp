@@ -38,15 +38,7 @@ struct ManualPartition {
     return s + " on " + axis;
   }
 
-  void apply(PartitionState& s) const {
-    const int a = s.axis(axis);
-    const NameIndex names(s.program());
-    for (const auto& t : tiles)
-      for (ValueId v : detail::select_for(s, names, t.selector)) {
-        const auto rank = s.program().type(v).rank();
-        s.tile(v, t.dim < 0 && t.dim >= -rank ? t.dim + rank : t.dim, a);
-      }
-  }
+  void apply(PartitionState& s) const;
   friend bool operator==(const ManualPartition&, const ManualPartition&) = default;
 };
 
@@ -56,11 +48,25 @@ struct Replicate {
   std::string label = {};  // "" gives "replicate params/** on model"
 
   std::string name() const { return label.empty() ? "replicate " + selector + " on " + axis : label; }
-  void apply(PartitionState& s) const {
-    const int a = s.axis(axis);
-    for (ValueId v : detail::select_for(s, NameIndex(s.program()), selector)) s.forbid(v, a);
-  }
+  void apply(PartitionState& s) const;
   friend bool operator==(const Replicate&, const Replicate&) = default;
 };
+
+#if PARTIR_DEFINE_ENTRIES
+PARTIR_ENTRY void ManualPartition::apply(PartitionState& s) const {
+  const int a = s.axis(axis);
+  const NameIndex names(s.program());
+  for (const auto& t : tiles)
+    for (ValueId v : detail::select_for(s, names, t.selector)) {
+      const auto rank = s.program().type(v).rank();
+      s.tile(v, t.dim < 0 && t.dim >= -rank ? t.dim + rank : t.dim, a);
+    }
+}
+
+PARTIR_ENTRY void Replicate::apply(PartitionState& s) const {
+  const int a = s.axis(axis);
+  for (ValueId v : detail::select_for(s, NameIndex(s.program()), selector)) s.forbid(v, a);
+}
+#endif
 
 }  // namespace partir

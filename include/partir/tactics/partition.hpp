@@ -6,7 +6,10 @@
 
 namespace partir {
 
-inline Partitioned partition(const Program& program, const Mesh& mesh, const Schedule& schedule) {
+PARTIR_ENTRY Partitioned partition(const Program& program, const Mesh& mesh, const Schedule& schedule);
+
+#if PARTIR_DEFINE_ENTRIES
+PARTIR_ENTRY Partitioned partition(const Program& program, const Mesh& mesh, const Schedule& schedule) {
   PartitionState state(program, mesh);
   std::vector<Snapshot> history;
   for (const auto& tactic : schedule) {
@@ -17,5 +20,6 @@ inline Partitioned partition(const Program& program, const Mesh& mesh, const Sch
   }
   return {std::move(state), std::move(history)};
 }
+#endif
 
 }  // namespace partir

@@ -35,25 +35,7 @@ struct Pipeline {
     return "pp(" + axis + (schedule == PipelineSchedule::gpipe ? ", gpipe" : "") + ")";
   }
 
-  void apply(PartitionState& s) const {
-    const int a = s.axis(axis);
-    const int p = static_cast<int>(s.mesh().axes()[static_cast<std::size_t>(a)].size);
-    const std::string who = s.tactic_label();
-    if (s.pipeline())
-      user_error(who + ": the schedule already pipelines over '" + s.pipeline()->axis + "' (" +
-                 s.pipeline()->tactic_label + "); one pipeline tactic per schedule");
-    const Program& prog = s.program();
-    const auto shardings = s.shardings();
-    for (ValueId v = 0; v < prog.size(); ++v)
-      if (shardings[static_cast<std::size_t>(v)].uses(axis))
-        user_error(who + ": axis '" + axis + "' already partitions " + prog.label(v) + " (" + owner(s, v, a) +
-                   "); a pipeline axis carries stages, not tiles");
-    PipelineStages out{axis, p, schedule, static_cast<int>(s.tactics().size()) - 1, who,
-                       std::vector<int>(static_cast<std::size_t>(prog.size()), -1)};
-    assign_parameters(prog, p, who, out.stage);
-    assign_values(prog, out.stage);
-    s.set_pipeline(std::move(out));
-  }
+  void apply(PartitionState& s) const;
   friend bool operator==(const Pipeline&, const Pipeline&) = default;
 
  private:
@@ -253,5 +235,27 @@ inline Pipeline pipeline(std::string axis, PipelineSchedule schedule = PipelineS
                          std::vector<std::vector<std::string>> stages = {}) {
   return {std::move(axis), schedule, std::move(stages)};
 }
+
+#if PARTIR_DEFINE_ENTRIES
+PARTIR_ENTRY void Pipeline::apply(PartitionState& s) const {
+  const int a = s.axis(axis);
+  const int p = static_cast<int>(s.mesh().axes()[static_cast<std::size_t>(a)].size);
+  const std::string who = s.tactic_label();
+  if (s.pipeline())
+    user_error(who + ": the schedule already pipelines over '" + s.pipeline()->axis + "' (" +
+               s.pipeline()->tactic_label + "); one pipeline tactic per schedule");
+  const Program& prog = s.program();
+  const auto shardings = s.shardings();
+  for (ValueId v = 0; v < prog.size(); ++v)
+    if (shardings[static_cast<std::size_t>(v)].uses(axis))
+      user_error(who + ": axis '" + axis + "' already partitions " + prog.label(v) + " (" + owner(s, v, a) +
+                 "); a pipeline axis carries stages, not tiles");
+  PipelineStages out{axis, p, schedule, static_cast<int>(s.tactics().size()) - 1, who,
+                     std::vector<int>(static_cast<std::size_t>(prog.size()), -1)};
+  assign_parameters(prog, p, who, out.stage);
+  assign_values(prog, out.stage);
+  s.set_pipeline(std::move(out));
+}
+#endif
 
 }  // namespace partir

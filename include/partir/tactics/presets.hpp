@@ -52,45 +52,21 @@ inline int tile_data_inputs(PartitionState& s, const std::string& axis, std::int
 struct DataParallel {
   std::string axis;
   std::string name() const { return "bp(" + axis + ")"; }
-  void apply(PartitionState& s) const {
-    if (!detail::tile_data_inputs(s, axis, 0, 1))
-      user_error(s.tactic_label() + ": program '" + s.program().name() + "' has no data input to tile");
-  }
+  void apply(PartitionState& s) const;
   friend bool operator==(const DataParallel&, const DataParallel&) = default;
 };
 
 struct SpatialParallel {
   std::string axis;
   std::string name() const { return "sp(" + axis + ")"; }
-  void apply(PartitionState& s) const {
-    if (!detail::tile_data_inputs(s, axis, 1, 3))
-      user_error(s.tactic_label() + ": program '" + s.program().name() +
-                 "' has no data input with spatial dims ([batch, spatial..., features], rank >= 3) to tile");
-  }
+  void apply(PartitionState& s) const;
   friend bool operator==(const SpatialParallel&, const SpatialParallel&) = default;
 };
 
 struct Megatron {
   std::string axis;
   std::string name() const { return "megatron(" + axis + ")"; }
-  void apply(PartitionState& s) const {
-    static const std::vector<std::pair<const char*, std::int64_t>> layout = {
-        {"params/**/w1", -1}, {"params/**/b1", -1}, {"params/**/wq", -1}, {"params/**/wk", -1},
-        {"params/**/wv", -1}, {"params/**/bq", -1}, {"params/**/bk", -1}, {"params/**/bv", -1},
-        {"params/**/w2", -2}, {"params/**/wo", -2}};
-    const int a = s.axis(axis);
-    const NameIndex names(s.program());
-    int tiled = 0;
-    for (const auto& [selector, dim] : layout)
-      for (ValueId v : names.select(selector)) {
-        if (s.program().op(v).kind != OpKind::input) continue;
-        s.tile(v, dim < 0 ? s.program().type(v).rank() + dim : dim, a);
-        ++tiled;
-      }
-    if (!tiled)
-      user_error(s.tactic_label() + ": no parameter of '" + s.program().name() +
-                 "' has a Megatron name (params/**/w1, w2, wq, wk, wv, wo)");
-  }
+  void apply(PartitionState& s) const;
   friend bool operator==(const Megatron&, const Megatron&) = default;
 };
 
@@ -99,90 +75,21 @@ struct Zero {
   std::string axis;
   int stage = 2;
   std::string name() const { return "zero" + std::to_string(stage) + "(" + axis + ")"; }
-  void apply(PartitionState& s) const {
-    const int a = s.axis(axis);
-    // Z2 keeps parameters whole on the axis: the update runs on shards and the new parameters are
-    // all-gathered once; without this, propagation from the state would shard them (that is Z3).
-    if (stage < 3)
-      for (ValueId v : s.program().inputs())
-        if (s.program().op(v).attrs.input_kind == InputKind::parameter && !s.sharding(v).uses(axis)) s.forbid(v, a);
-    int tiled = 0;
-    for (ValueId v : s.program().inputs()) {
-      const Op& op = s.program().op(v);
-      const bool wanted = op.attrs.input_kind == InputKind::optimizer_state ||
-                          (stage >= 3 && op.attrs.input_kind == InputKind::parameter);
-      if (!wanted || op.type.rank() == 0) continue;
-      const Sharding now = s.sharding(v);
-      if (now.uses(axis)) continue;
-      for (std::int64_t d = 0; d < op.type.rank(); ++d) {
-        AxisList axes = now.dims[static_cast<std::size_t>(d)];
-        axes.push_back(axis);
-        if (op.type.shape[static_cast<std::size_t>(d)] % tile_count(axes, s.mesh()) == 0) {
-          s.tile(v, d, a);
-          ++tiled;
-          break;
-        }
-      }
-    }
-    if (!tiled)
-      user_error(s.tactic_label() + ": program '" + s.program().name() + "' has no " +
-                 (stage >= 3 ? "parameter or " : "") + "optimizer state divisible by axis '" + axis +
-                 "' (ZeRO shards optimizer state: use an optimizer with state, such as Adam)");
-  }
+  void apply(PartitionState& s) const;
   friend bool operator==(const Zero&, const Zero&) = default;
 };
 
 struct ExpertParallel {
   std::string axis;
   std::string name() const { return "ep(" + axis + ")"; }
-  void apply(PartitionState& s) const {
-    const int a = s.axis(axis);
-    const NameIndex names(s.program());
-    std::vector<ValueId> experts;
-    for (ValueId v : names.select("params/**/experts/*"))
-      if (s.program().op(v).kind == OpKind::input) experts.push_back(v);
-    if (experts.empty())
-      user_error(s.tactic_label() + ": no parameter of '" + s.program().name() +
-                 "' is an expert weight (params/**/experts/*, as nn::MixtureOfExperts names them)");
-    for (ValueId v : experts) {
-      AxisList axes = s.sharding(v).dims.at(0);
-      axes.push_back(axis);
-      const std::int64_t count = s.program().type(v).shape.at(0), tiles = tile_count(axes, s.mesh());
-      if (count % tiles != 0)
-        user_error(s.tactic_label() + ": " + s.program().op(v).name + " holds " + std::to_string(count) +
-                   " experts, not divisible by " + to_string(axes) + " (" + std::to_string(tiles) +
-                   " tiles): expert parallelism gives each device whole experts");
-    }
-    DataParallel{axis}.apply(s);
-    for (ValueId v : experts) s.tile(v, 0, a);
-    for (const char* selector : {"**/dispatched", "**/returned", "**/expert_in", "**/expert_out"})
-      for (ValueId v : names.select(selector)) s.tile(v, 0, a);
-  }
+  void apply(PartitionState& s) const;
   friend bool operator==(const ExpertParallel&, const ExpertParallel&) = default;
 };
 
 struct MultiQuery {
   std::string axis;
   std::string name() const { return "mq(" + axis + ")"; }
-  void apply(PartitionState& s) const {
-    static const std::vector<std::pair<const char*, std::int64_t>> layout = {
-        {"params/**/attn/wq", -1}, {"params/**/attn/bq", 0}, {"params/**/attn/wo", 0},
-        {"params/**/w1", -1},      {"params/**/b1", 0},      {"params/**/w2", 0}};
-    static const char* const shared_kv[] = {"params/**/attn/wk", "params/**/attn/wv", "params/**/attn/bv"};
-    const int a = s.axis(axis);
-    const NameIndex names(s.program());
-    int kv = 0;
-    for (const char* selector : shared_kv)
-      for (ValueId v : names.select(selector)) {
-        s.forbid(v, a);
-        ++kv;
-      }
-    if (!kv)
-      user_error(s.tactic_label() + ": no parameter of '" + s.program().name() +
-                 "' is a K/V projection (params/**/attn/wk, wv) to keep whole");
-    for (const auto& [selector, dim] : layout)
-      for (ValueId v : names.select(selector)) s.tile(v, dim < 0 ? s.program().type(v).rank() + dim : dim, a);
-  }
+  void apply(PartitionState& s) const;
   friend bool operator==(const MultiQuery&, const MultiQuery&) = default;
 };
 
@@ -201,9 +108,119 @@ inline ExpertParallel expert_parallel(std::string axis) { return {std::move(axis
 // "bp,mp,z3" with BP and ZeRO on `batch_axis`, MP, EMB and MQ on `model_axis`, EP on `expert_axis`, SP on
 // `spatial_axis` and PP (1F1B; pp:gpipe for GPipe) on `stage_axis` (the examples' --schedule flag). "auto:<axis>" (or "auto", on `model_axis`) is an AutomaticPartition with default settings whose
 // `report` is set, so a caller can print what it chose.
-inline Schedule parse_schedule(std::string_view text, const std::string& batch_axis = "batch",
+PARTIR_ENTRY Schedule parse_schedule(std::string_view text, const std::string& batch_axis = "batch",
                                const std::string& model_axis = "model", const std::string& stage_axis = "stage",
-                               const std::string& expert_axis = "expert", const std::string& spatial_axis = "space") {
+                               const std::string& expert_axis = "expert", const std::string& spatial_axis = "space");
+
+#if PARTIR_DEFINE_ENTRIES
+PARTIR_ENTRY void DataParallel::apply(PartitionState& s) const {
+  if (!detail::tile_data_inputs(s, axis, 0, 1))
+    user_error(s.tactic_label() + ": program '" + s.program().name() + "' has no data input to tile");
+}
+
+PARTIR_ENTRY void SpatialParallel::apply(PartitionState& s) const {
+  if (!detail::tile_data_inputs(s, axis, 1, 3))
+    user_error(s.tactic_label() + ": program '" + s.program().name() +
+               "' has no data input with spatial dims ([batch, spatial..., features], rank >= 3) to tile");
+}
+
+PARTIR_ENTRY void Megatron::apply(PartitionState& s) const {
+  static const std::vector<std::pair<const char*, std::int64_t>> layout = {
+      {"params/**/w1", -1}, {"params/**/b1", -1}, {"params/**/wq", -1}, {"params/**/wk", -1},
+      {"params/**/wv", -1}, {"params/**/bq", -1}, {"params/**/bk", -1}, {"params/**/bv", -1},
+      {"params/**/w2", -2}, {"params/**/wo", -2}};
+  const int a = s.axis(axis);
+  const NameIndex names(s.program());
+  int tiled = 0;
+  for (const auto& [selector, dim] : layout)
+    for (ValueId v : names.select(selector)) {
+      if (s.program().op(v).kind != OpKind::input) continue;
+      s.tile(v, dim < 0 ? s.program().type(v).rank() + dim : dim, a);
+      ++tiled;
+    }
+  if (!tiled)
+    user_error(s.tactic_label() + ": no parameter of '" + s.program().name() +
+               "' has a Megatron name (params/**/w1, w2, wq, wk, wv, wo)");
+}
+
+PARTIR_ENTRY void Zero::apply(PartitionState& s) const {
+  const int a = s.axis(axis);
+  // Z2 keeps parameters whole on the axis: the update runs on shards and the new parameters are
+  // all-gathered once; without this, propagation from the state would shard them (that is Z3).
+  if (stage < 3)
+    for (ValueId v : s.program().inputs())
+      if (s.program().op(v).attrs.input_kind == InputKind::parameter && !s.sharding(v).uses(axis)) s.forbid(v, a);
+  int tiled = 0;
+  for (ValueId v : s.program().inputs()) {
+    const Op& op = s.program().op(v);
+    const bool wanted = op.attrs.input_kind == InputKind::optimizer_state ||
+                        (stage >= 3 && op.attrs.input_kind == InputKind::parameter);
+    if (!wanted || op.type.rank() == 0) continue;
+    const Sharding now = s.sharding(v);
+    if (now.uses(axis)) continue;
+    for (std::int64_t d = 0; d < op.type.rank(); ++d) {
+      AxisList axes = now.dims[static_cast<std::size_t>(d)];
+      axes.push_back(axis);
+      if (op.type.shape[static_cast<std::size_t>(d)] % tile_count(axes, s.mesh()) == 0) {
+        s.tile(v, d, a);
+        ++tiled;
+        break;
+      }
+    }
+  }
+  if (!tiled)
+    user_error(s.tactic_label() + ": program '" + s.program().name() + "' has no " +
+               (stage >= 3 ? "parameter or " : "") + "optimizer state divisible by axis '" + axis +
+               "' (ZeRO shards optimizer state: use an optimizer with state, such as Adam)");
+}
+
+PARTIR_ENTRY void ExpertParallel::apply(PartitionState& s) const {
+  const int a = s.axis(axis);
+  const NameIndex names(s.program());
+  std::vector<ValueId> experts;
+  for (ValueId v : names.select("params/**/experts/*"))
+    if (s.program().op(v).kind == OpKind::input) experts.push_back(v);
+  if (experts.empty())
+    user_error(s.tactic_label() + ": no parameter of '" + s.program().name() +
+               "' is an expert weight (params/**/experts/*, as nn::MixtureOfExperts names them)");
+  for (ValueId v : experts) {
+    AxisList axes = s.sharding(v).dims.at(0);
+    axes.push_back(axis);
+    const std::int64_t count = s.program().type(v).shape.at(0), tiles = tile_count(axes, s.mesh());
+    if (count % tiles != 0)
+      user_error(s.tactic_label() + ": " + s.program().op(v).name + " holds " + std::to_string(count) +
+                 " experts, not divisible by " + to_string(axes) + " (" + std::to_string(tiles) +
+                 " tiles): expert parallelism gives each device whole experts");
+  }
+  DataParallel{axis}.apply(s);
+  for (ValueId v : experts) s.tile(v, 0, a);
+  for (const char* selector : {"**/dispatched", "**/returned", "**/expert_in", "**/expert_out"})
+    for (ValueId v : names.select(selector)) s.tile(v, 0, a);
+}
+
+PARTIR_ENTRY void MultiQuery::apply(PartitionState& s) const {
+  static const std::vector<std::pair<const char*, std::int64_t>> layout = {
+      {"params/**/attn/wq", -1}, {"params/**/attn/bq", 0}, {"params/**/attn/wo", 0},
+      {"params/**/w1", -1},      {"params/**/b1", 0},      {"params/**/w2", 0}};
+  static const char* const shared_kv[] = {"params/**/attn/wk", "params/**/attn/wv", "params/**/attn/bv"};
+  const int a = s.axis(axis);
+  const NameIndex names(s.program());
+  int kv = 0;
+  for (const char* selector : shared_kv)
+    for (ValueId v : names.select(selector)) {
+      s.forbid(v, a);
+      ++kv;
+    }
+  if (!kv)
+    user_error(s.tactic_label() + ": no parameter of '" + s.program().name() +
+               "' is a K/V projection (params/**/attn/wk, wv) to keep whole");
+  for (const auto& [selector, dim] : layout)
+    for (ValueId v : names.select(selector)) s.tile(v, dim < 0 ? s.program().type(v).rank() + dim : dim, a);
+}
+
+PARTIR_ENTRY Schedule parse_schedule(std::string_view text, const std::string& batch_axis,
+                               const std::string& model_axis, const std::string& stage_axis,
+                               const std::string& expert_axis, const std::string& spatial_axis) {
   Schedule out;
   std::size_t start = 0;
   while (start < text.size()) {
@@ -232,5 +249,6 @@ inline Schedule parse_schedule(std::string_view text, const std::string& batch_a
   }
   return out;
 }
+#endif
 
 }  // namespace partir
