@@ -34,14 +34,16 @@ int main(int argc, char** argv) {
     p::nn::Mlp model{"params/mlp", {8, 32, 16, 8}};
     auto loss = [&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); };
     const std::vector<p::InputSpec> data{{"x", {16, 8}}, {"y", {16, 8}}};
-    const p::Program step =
-        recipe ? p::train_step(loss, p::AdamW{.learning_rate = 1e-2, .weight_decay = 0.1}, data,
-                               p::StepOptions{precision, 0.1, true})  // a norm the gradients exceed: clipped
-               : p::train_step(loss, p::Adam{1e-2}, data,
-                               p::StepOptions{.precision = precision,
-                                              .remat = remat ? p::Remat{"layer 2", {{{"params/mlp/h1"}, {"params/mlp/h2"}}}}
-                                                             : p::Remat::none(),
-                                              .microbatches = accum ? 2 : 1});
+    const p::Program step = [&] {
+      if (recipe)  // a norm the gradients exceed: clipped
+        return p::train_step(loss, p::AdamW{.learning_rate = 1e-2, .weight_decay = 0.1}, data,
+                             p::StepOptions{precision, 0.1, true});
+      return p::train_step(loss, p::Adam{1e-2}, data,
+                           p::StepOptions{.precision = precision,
+                                          .remat = remat ? p::Remat{"layer 2", {{{"params/mlp/h1"}, {"params/mlp/h2"}}}}
+                                                         : p::Remat::none(),
+                                          .microbatches = accum ? 2 : 1});
+    }();
     if (remat && step.recomputes().empty()) throw p::UserError("remat: nothing is recomputed");
     const p::LRSchedule schedule = p::LRSchedule::warmup(2).then_cosine(2);
     auto lr_scale = [&](int s) { return p::Array({}, std::vector<double>{schedule.at(s)}); };
