@@ -149,7 +149,8 @@ struct AdamW {
 };
 
 #if PARTIR_DEFINE_ENTRIES
-PARTIR_ENTRY ParamUpdate SGD::update(Program& p, ValueId param, ValueId grad, const std::optional<Tensor>& lr_scale) const {
+PARTIR_ENTRY ParamUpdate SGD::update(Program& p, ValueId param, ValueId grad,
+                                     const std::optional<Tensor>& lr_scale) const {
   detail::check_hyperparameter("SGD", "learning_rate", learning_rate, 0, false, "a learning rate is >= 0");
   detail::check_hyperparameter("SGD", "momentum", momentum, 0, false, "momentum is >= 0");
   detail::check_hyperparameter("SGD", "weight_decay", weight_decay, 0, false, "a weight decay is >= 0");
@@ -171,11 +172,13 @@ PARTIR_ENTRY ParamUpdate SGD::update(Program& p, ValueId param, ValueId grad, co
   return out;
 }
 
-PARTIR_ENTRY ParamUpdate Adam::update(Program& p, ValueId param, ValueId grad, const std::optional<Tensor>& lr_scale) const {
+PARTIR_ENTRY ParamUpdate Adam::update(Program& p, ValueId param, ValueId grad,
+                                      const std::optional<Tensor>& lr_scale) const {
   return detail::adam_update(p, param, grad, lr_scale, {learning_rate, beta1, beta2, eps, 0}, "Adam");
 }
 
-PARTIR_ENTRY ParamUpdate AdamW::update(Program& p, ValueId param, ValueId grad, const std::optional<Tensor>& lr_scale) const {
+PARTIR_ENTRY ParamUpdate AdamW::update(Program& p, ValueId param, ValueId grad,
+                                       const std::optional<Tensor>& lr_scale) const {
   detail::check_hyperparameter("AdamW", "weight_decay", weight_decay, 0, false, "a weight decay is >= 0");
   const double d = param >= 0 && param < p.size() && decays(p, param) ? weight_decay : 0;
   return detail::adam_update(p, param, grad, lr_scale, {learning_rate, beta1, beta2, eps, d}, "AdamW");

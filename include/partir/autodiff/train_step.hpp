@@ -74,8 +74,9 @@ Program train_step(LossFn& loss_fn, const Opt& opt, const std::vector<InputSpec>
 // Traces loss_fn on the data inputs (N Tensors or a std::vector<Tensor>, as trace() calls it; parameters are
 // declared inside with param() or nn blocks), differentiates the loss w.r.t. every parameter and applies
 // opt. Outputs: "loss" (and "grad_norm" when clipping); then each parameter under its own name, updating it;
-// then the optimizer state, each under (and updating) its input's name. With a precision policy (precision.hpp) the model is traced
-// under it: parameters and optimizer state in `params` dtype, the model in `compute`, the loss in `output`.
+// then the optimizer state, each under (and updating) its input's name. With a precision policy (precision.hpp)
+// the model is traced under it: parameters and optimizer state in `params` dtype, the model in `compute`, the
+// loss in `output`.
 template <class LossFn, Optimizer Opt>
 Program train_step(LossFn loss_fn, const Opt& opt, const std::vector<InputSpec>& data,
                    const std::string& name = "train_step") {

@@ -240,7 +240,8 @@ PARTIR_ENTRY HardwareProfile HardwareProfile::detect() {
   return env && *env ? named(env) : cpu();
 }
 
-PARTIR_ENTRY std::vector<std::pair<double, double>> HardwareProfile::points(const json::Value& v, const std::string& what,
+PARTIR_ENTRY std::vector<std::pair<double, double>> HardwareProfile::points(const json::Value& v,
+                                                                        const std::string& what,
                                                                         const std::string& point) {
   std::vector<std::pair<double, double>> out;
   for (const auto& p : json::as_array(v)) {

@@ -155,7 +155,8 @@ PARTIR_ENTRY json::Value Report::to_json() const {
     json::Value list = json::Value::array();
     for (const auto& st : stages)
       list.push_back({{"busy_seconds", st.busy_seconds}, {"wait_seconds", st.wait_seconds},
-                      {"finish_seconds", st.finish_seconds}, {"p2p_bytes", st.p2p_bytes}, {"peak_bytes", st.peak_bytes}});
+                      {"finish_seconds", st.finish_seconds}, {"p2p_bytes", st.p2p_bytes},
+                      {"peak_bytes", st.peak_bytes}});
     out["pipeline"] = {{"bubble_fraction", bubble_fraction}, {"stages", list}};
   }
   return out;

@@ -134,7 +134,6 @@ struct AutomaticPartition {
 
   void apply(PartitionState& s) const;
 
-
   friend bool operator==(const AutomaticPartition& a, const AutomaticPartition& b) {
     return a.axes == b.axes && a.objective == b.objective && a.memory_budget_bytes == b.memory_budget_bytes &&
            a.search_budget == b.search_budget && a.profile == b.profile && a.label == b.label;
@@ -148,7 +147,6 @@ struct AutomaticPartition {
     return out;
   }
   std::pair<SearchReport, std::vector<int>> run(const PartitionState& s) const;
-
 };
 
 #if PARTIR_DEFINE_ENTRIES

@@ -1,5 +1,6 @@
 #pragma once
 // How dot_general maps onto GEMMs, shared by the CPU kernel (kernels.hpp) and cuBLAS (gpu/gemm.hpp).
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
