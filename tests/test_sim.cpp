@@ -237,6 +237,28 @@ TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
                        "cache_curve: each point is [bytes, bytes per second]", UserError);
 }
 
+TEST_CASE("calibrate: devices agree on every figure; the op overhead is the executor's; links per kind and size") {
+  const CalibrationOptions quick{.name = "test", .message_bytes = {1 << 12, 1 << 16}, .warmup = 1, .iterations = 2,
+                                 .rounds = 1};
+  std::vector<HardwareProfile> got(2);
+  threads::run(2, [&](threads::Communicator& c) { got[static_cast<std::size_t>(c.device())] = calibrate(c, quick); });
+  const HardwareProfile& hw = got[0];
+  CHECK(got[1] == hw);
+  CHECK(hw.name == "test");
+  CHECK(hw.peak_flops.at(DType::f32) > 0);
+  CHECK(hw.memory_bandwidth > 0);
+  // What execute() adds per op (dispatch, buffers, liveness) is far above a one-element kernel's ~0.1 us.
+  CHECK(hw.op_overhead > 2e-7);
+  for (const char* kind : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}) {
+    const auto rule = std::find_if(hw.links.begin(), hw.links.end(),
+                                   [&](const LinkRule& r) { return r.collective == kind && r.group_size == 2; });
+    REQUIRE(rule != hw.links.end());
+    CHECK(rule->link.measured.size() == quick.message_bytes.size());
+    CHECK(rule->link.beta > 0);
+  }
+  CHECK(HardwareProfile::from_json(json::parse(hw.to_json().dump())) == hw);
+}
+
 TEST_CASE("json: malformed profiles and mistyped members are UserErrors that say where") {
   CHECK_THROWS_WITH_AS(json::parse("[1, 2"),
                        "json: parse error at line 1, column 6: syntax error while parsing array - unexpected end of "

@@ -9,21 +9,28 @@
 //   - memory bandwidth: an elementwise add, counting both reads and the write, from cache-sized arrays to
 //     arrays larger than the caches (the cache curve); the strided copies broadcast_in_dim and transpose
 //     on large arrays, whose kernels stream at other rates;
-//   - op overhead: an add on one element;
+//   - op overhead: what the executor pays per op besides the kernel's work (dispatch, buffers, liveness), the
+//     slope between chains of 1 and 65 ops on one element, run by execute() (devices sharing cores pay more);
 //   - alpha-beta per collective kind and group size: the executor's own collective path (the communicator
 //     plus its staging copies), fitted to the ring formula over a range of message sizes with relative
 //     least squares.
-// Each figure is the best of several rounds: what the machine does when nothing else runs on it.
+// Each figure is the best of several rounds: what the machine does when nothing else runs on it (or, with
+// CalibrationOptions::typical, the median round).
 #include <unistd.h>
 
 #include <chrono>
 #include <limits>
 
+#include "partir/dsl/ops.hpp"
+#include "partir/dsl/trace.hpp"
 #include "partir/runtime/executor.hpp"
+#include "partir/runtime/init.hpp"
 #include "partir/runtime/kernels/elements.hpp"
 #include "partir/runtime/kernels/eval.hpp"
 #include "partir/runtime/kernels/gemm_engine.hpp"
 #include "partir/sim/cost_model.hpp"
+#include "partir/spmd/lower.hpp"
+#include "partir/tactics/partition.hpp"
 
 namespace partir {
 
@@ -33,6 +40,9 @@ struct CalibrationOptions {
   int warmup = 2;
   int iterations = 5;
   int rounds = 5;  // each figure is the best round: on a shared machine, noise only ever adds time
+  // Instead the median round: what a step typically meets on a shared machine rather than its best (a
+  // prediction compared with a measured median).
+  bool typical = false;
 };
 
 namespace calibration {
@@ -61,12 +71,13 @@ double seconds_per_call(C& comm, int warmup, int iterations, Fn&& fn) {
   return max_over_devices(comm, t / iterations);
 }
 
-// The best of o.rounds rounds of seconds_per_call.
+// The best (o.typical: the median) of o.rounds rounds of seconds_per_call.
 template <Communicator C, class Fn>
 double best_seconds_per_call(C& comm, const CalibrationOptions& o, int iterations, Fn&& fn) {
-  double best = std::numeric_limits<double>::infinity();
-  for (int r = 0; r < o.rounds; ++r) best = std::min(best, seconds_per_call(comm, o.warmup, iterations, fn));
-  return best;
+  std::vector<double> rounds;
+  for (int r = 0; r < std::max(o.rounds, 1); ++r) rounds.push_back(seconds_per_call(comm, o.warmup, iterations, fn));
+  std::sort(rounds.begin(), rounds.end());
+  return o.typical ? rounds[rounds.size() / 2] : rounds.front();
 }
 
 // alpha, beta of the ring formula `steps * (alpha + beta * S / n)` closest to the samples (S, t) in
@@ -159,6 +170,27 @@ double op_bandwidth(C& comm, const Op& op, const std::vector<TensorType>& operan
   return bytes / op_seconds(comm, op, operand_types, o, o.iterations);
 }
 
+// Seconds execute() spends per op besides its kernel's work: the slope between programs of 1 and 65 chained
+// 1x1 matmuls (ops that do not fuse), replicated on every device.
+template <Communicator C>
+double executor_op_seconds(C& comm, const CalibrationOptions& o) {
+  const Mesh mesh{{"devices", comm.num_devices()}};
+  auto seconds = [&](int ops) {
+    const Program chain = trace("chain", [ops](Tensor x) {
+      Tensor y = x;
+      for (int i = 0; i < ops; ++i) y = matmul(y, x);
+      return y;
+    }, {{"x", {1, 1}}});
+    const SpmdProgram spmd = lower(partition(chain, mesh, {}));
+    const NamedArrays inputs = init_inputs(chain, 0, true);
+    return best_seconds_per_call(comm, o, o.iterations * 20, [&] {
+      (void)execute(spmd, comm, inputs, {.global_inputs = false, .global_outputs = false});
+    });
+  };
+  const double one = seconds(1), more = seconds(65);
+  return std::max(more - one, 0.0) / 64;
+}
+
 // A collective of `kind` over groups of n consecutive devices moving a buffer of about `bytes`, and the
 // local types it takes and makes: what run_collective is given.
 struct CollectiveCase {
@@ -224,8 +256,7 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
   swap.dims = {1, 0};
   hw.op_bandwidth[OpKind::transpose] =
       cal::op_bandwidth(comm, Op{OpKind::transpose, {0}, swap, tall, ""}, {wide}, o);
-  const TensorType one{{1}};
-  hw.op_overhead = cal::op_seconds(comm, Op{OpKind::add, {0, 1}, {}, one, ""}, {one, one}, o, 1000);
+  hw.op_overhead = cal::executor_op_seconds(comm, o);
   hw.memory_capacity = static_cast<std::int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / devices;
 
   for (std::int64_t n = 2; n <= devices; ++n) {
