@@ -18,6 +18,8 @@
 
 namespace partir {
 
+// `lowered` (with `source`: each lowered op's value of `prog`) cut into `stages` as above; a schedule whose
+// stages would wait on each other in a cycle is a UserError.
 PARTIR_ENTRY SpmdProgram cut_into_stages(SpmdProgram lowered, const std::vector<ValueId>& source, const Program& prog,
                                          const PipelineStages& stages);
 

@@ -89,7 +89,6 @@ T ordered_sum(const T* x, std::int64_t n) {
   return acc.sum();
 }
 
-
 // dst[i] = src[i] for every index i of `shape`, each side with its own element strides. Transpose and slice
 // read strided, pad and concatenate write strided, broadcast reads with stride 0.
 template <class T>
@@ -189,7 +188,6 @@ void concatenate(const Parts& parts, std::int64_t axis, Array& out) {
     at += part->shape()[axis];
   }
 }
-
 
 // table [V, F...], indices [I...] -> [I..., F...]
 template <class T>
@@ -370,7 +368,6 @@ void reduce(const Array& x, const std::vector<std::int64_t>& dims, Array& out) {
   });
 }
 
-
 // The operand's data in its plan's layout: the Array itself, or a transposed copy in scratch.
 template <class T>
 const T* operand_data(const Array& x, const OperandPlan& p, std::vector<T>& scratch) {
@@ -493,7 +490,6 @@ void compare(CompareDir dir, const Array& x, const Array& y, Array& out) {
     case CompareDir::ge: r = (a >= b).template cast<T>(); break;
   }
 }
-
 
 inline Array constant(const Op& op) {
   Array out = buffer_cache().take(op.type);
