@@ -243,7 +243,7 @@ TEST_CASE("autodiff: gather and scatter_add with repeated indices") {
 // A convolution computed directly from its definition (ConvDims in ir/op.hpp), in f64.
 Array conv_reference(const Array& x, const Array& w, const ConvDims& c, const std::vector<std::int64_t>& lo, const Shape& out) {
   const std::size_t spatial = x.shape().size() - 2;
-  const std::int64_t C = x.shape().back(), O = w.shape().back();
+  const std::int64_t C = x.shape().back(), O = w.shape().back(), Cg = C / c.feature_groups, Og = O / c.feature_groups;
   Array r({out, DType::f64});
   std::vector<std::int64_t> p(spatial), k(spatial), q(spatial);
   for (std::int64_t i = 0; i < r.size(); ++i) {
@@ -253,7 +253,7 @@ Array conv_reference(const Array& x, const Array& w, const ConvDims& c, const st
     for (std::size_t d = spatial; d-- > 0;) p[d] = rest % out[d + 1], rest /= out[d + 1];
     const std::int64_t n = rest;
     double sum = 0;
-    const std::int64_t taps = w.size() / (C * O);
+    const std::int64_t taps = w.size() / (Cg * O), group = o / Og;
     for (std::int64_t t = 0; t < taps; ++t) {
       std::int64_t left = t;
       for (std::size_t d = spatial; d-- > 0;) k[d] = left % w.shape()[d], left /= w.shape()[d];
@@ -266,14 +266,14 @@ Array conv_reference(const Array& x, const Array& w, const ConvDims& c, const st
         at = at * x.shape()[d + 1] + (inside ? dilated / c.lhs_dilation[d] : 0);
       }
       if (!inside) continue;
-      for (std::int64_t ch = 0; ch < C; ++ch) sum += x.at(at * C + ch) * w.at((t * C + ch) * O + o);
+      for (std::int64_t ch = 0; ch < Cg; ++ch) sum += x.at(at * C + group * Cg + ch) * w.at((t * Cg + ch) * O + o);
     }
     r.set(i, sum);
   }
   return r;
 }
 
-TEST_CASE("convolution: strides, padding (negative too), both dilations and a flipped window, against the definition") {
+TEST_CASE("convolution: strides, padding (negative too), both dilations, a flipped window and feature groups, against the definition") {
   std::mt19937_64 gen(12);
   struct Case {
     Shape x, w;
@@ -285,6 +285,8 @@ TEST_CASE("convolution: strides, padding (negative too), both dilations and a fl
       {{3, 7, 2}, {2, 2, 5}, {{3}, {1}, {1}}, {2}, {0}},
       {{1, 4, 4, 2}, {2, 2, 2, 3}, {{1, 2}, {2, 3}, {1, 1}, true}, {1, 0}, {-1, 2}},
       {{2, 3, 3, 1}, {3, 3, 1, 2}, {{1, 1}, {1, 1}, {1, 1}}, {1, 1}, {1, 1}},
+      {{2, 5, 4, 6}, {3, 2, 2, 9}, {{2, 1}, {1, 1}, {1, 1}, false, 3}, {1, 0}, {1, 1}},    // 3 groups of 2 -> 3
+      {{1, 6, 5, 4}, {3, 3, 1, 8}, {{1, 1}, {1, 2}, {2, 1}, true, 4}, {2, 1}, {2, -1}},   // depthwise, x2 outputs
   };
   for (const auto& k : cases) {
     CAPTURE(to_string(k.x));
@@ -316,6 +318,12 @@ TEST_CASE("autodiff: convolution") {
     check_conv({1, 7, 3}, {2, 3, 2}, {.strides = {3}, .padding_low = {2}, .padding_high = {0}, .dilation = {2}});
   }
   SUBCASE("valid padding, 3 spatial dims") { check_conv({1, 3, 4, 3, 2}, {2, 3, 2, 2, 2}, {}); }
+  SUBCASE("feature groups, strided") {
+    check_conv({2, 5, 4, 6}, {3, 2, 3, 4}, {.strides = {2, 1}, .padding_low = {1, 0}, .padding_high = {1, 1}, .feature_groups = 2});
+  }
+  SUBCASE("depthwise, dilated") {
+    check_conv({1, 6, 4}, {3, 1, 8}, {.padding_low = {2}, .padding_high = {2}, .dilation = {2}, .feature_groups = 4});
+  }
 }
 
 // A window sum or max computed directly from its definition (WindowDims in ir/op.hpp), in f64.

@@ -636,6 +636,13 @@ TEST_CASE("catalog: convolutions") {
                        UserError);
   CHECK_THROWS_WITH_AS(conv_of({2, 5, 5, 3}, {3, 3, 4, 8}),
                        "convolution: kernel f32[3,3,4,8] reads 4 features, input f32[2,5,5,3] has 3", UserError);
+  CHECK_THROWS_WITH_AS(conv_of({2, 5, 5, 6}, {3, 3, 3, 8}, {.feature_groups = 4}),
+                       "convolution: 4 feature groups must divide the input's 6 features and the kernel's 8 output "
+                       "features (f32[2,5,5,6], kernel f32[3,3,3,8])",
+                       UserError);
+  CHECK_THROWS_WITH_AS(conv_of({2, 5, 5, 6}, {3, 3, 2, 8}, {.feature_groups = 2}),
+                       "convolution: kernel f32[3,3,2,8] reads 2 features in each of 2 groups, input f32[2,5,5,6] has 6",
+                       UserError);
   CHECK_THROWS_WITH_AS(conv_of({2, 2, 5, 3}, {3, 3, 3, 8}),
                        "convolution: window of 3 on spatial dim 0 does not fit the padded input of 2 (f32[2,2,5,3], "
                        "kernel f32[3,3,3,8])",

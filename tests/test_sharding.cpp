@@ -435,6 +435,18 @@ TEST_CASE("reshape: an axis that fits the major factor passes, one that straddle
   CHECK(to_string(partition(merge, mesh, {ManualPartition{{{"x", 0}}, "a"}}).sharding("r")) == "[{a},{}]");
 }
 
+TEST_CASE("convolution with feature groups: the batch passes, the features stay whole (a stop says why)") {
+  const Program grouped = trace("grouped", [](Tensor x, Tensor w) { return tag(conv(x, w, {.feature_groups = 2}), "y"); },
+                                {{"x", {4, 5, 5, 6}}, {"w", {3, 3, 3, 8}}});
+  const Mesh mesh{{"a", 2}};
+  CHECK(layout(partition(grouped, mesh, {ManualPartition{{{"x", 0}}, "a"}}), "y") == "[{a},{},{},{}]");
+  const Partitioned channels = partition(grouped, mesh, {ManualPartition{{{"w", 3}}, "a"}});
+  CHECK(layout(channels, "y") == "[{},{},{},{}]");
+  REQUIRE(channels.stops().size() == 1);
+  CHECK(channels.stops()[0].reason ==
+        "convolution: 2 feature groups: each output feature reads its group's input features");
+}
+
 TEST_CASE("gather: the table's vocab dim makes a partial sum, its feature dim passes through") {
   const Program prog = trace("emb", [](Tensor ids) {
     Tensor e = tag(nn::Embedding{"params/emb", 16, 8}(ids), "e");

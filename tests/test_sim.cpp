@@ -112,6 +112,13 @@ TEST_CASE("cost model: FLOPs from the rule's iteration space, bytes read and wri
   CHECK(local_work(local_op(OpKind::convolution, {0, 1}, {{2, 4, 4, 64}}, window), wide_in).gemm_dim == 27);
   const std::vector<TensorType> few_positions{{{4, 4, 4, 3}}, {{3, 3, 3, 64}}};
   CHECK(local_work(local_op(OpKind::convolution, {0, 1}, {{4, 2, 2, 64}}, window), few_positions).gemm_dim == 16);
+  // 64 features in 4 groups: a quarter of the dense FLOPs, a GEMM [128, 3 x 3 x 16] x [3 x 3 x 16, 16] per group.
+  Attrs grouped = window;
+  grouped.conv.feature_groups = 4;
+  const std::vector<TensorType> grouped_in{{{2, 8, 8, 64}}, {{3, 3, 16, 64}}};
+  const Work grouped_work = local_work(local_op(OpKind::convolution, {0, 1}, {{2, 4, 4, 64}}, grouped), grouped_in);
+  CHECK(grouped_work.flops == 2 * (2 * 4 * 4 * 64) * (3 * 3 * 16));
+  CHECK(grouped_work.gemm_dim == 16);
 
   Attrs perm;
   perm.dims = {1, 0};

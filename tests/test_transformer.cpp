@@ -1188,7 +1188,7 @@ TEST_CASE("spatial partitioning: each tile receives its halo from its neighbours
   }
 }
 
-TEST_CASE("differential: spatially tiled convolution train steps (random windows, strides, dilations, padding) equal one device") {
+TEST_CASE("differential: spatially tiled convolution train steps (random windows, strides, dilations, padding, feature groups) equal one device") {
   std::mt19937_64 rng(2026);
   auto pick = [&](std::int64_t lo, std::int64_t hi) { return lo + static_cast<std::int64_t>(rng() % static_cast<std::uint64_t>(hi - lo + 1)); };
   int exchanged = 0;
@@ -1215,8 +1215,9 @@ TEST_CASE("differential: spatially tiled convolution train steps (random windows
                " pad " + std::to_string(low1) + ", then " + std::to_string(taps2) + " taps d" + std::to_string(dilation2) +
                " stride " + std::to_string(stride) + " pad " + std::to_string(low2) + "/" + std::to_string(total2 - low2);
     }
+    first.feature_groups = trial % 2 ? 2 : 1;  // 2 -> 4 features, by 2 groups in odd trials
     x.push_back(2), y.push_back(3);
-    k1.push_back(2), k1.push_back(4), k2.push_back(4), k2.push_back(3);
+    k1.push_back(2 / first.feature_groups), k1.push_back(4), k2.push_back(4), k2.push_back(3);
     CAPTURE(trial);
     CAPTURE(tiles);
     CAPTURE(shape);

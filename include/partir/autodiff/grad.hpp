@@ -130,6 +130,8 @@ inline Tensor window_vjp(const Op& op, const Tensor& x, const Tensor& g) {
 //       before and X - 1 - (P-1)s + lo after, stride 1;
 //   dw: x with batch and features swapped ([C, X..., N]) convolved with g as the kernel ([P..., N, O]), taps
 //       s apart, stride d, padding lo before and (K-1)d + (P-1)s + 1 - X' - lo after (X' the dilated input).
+// With G feature groups, dx's kernel is each group's kernel with its features swapped (G groups again), and dw
+// is each group's dw, concatenated.
 // The gradients of those (second derivatives) are not supported: partir differentiates a convolution once.
 template <class Needed, class Accumulate>
 void conv_vjp(const Op& op, const Tensor& x, const Tensor& w, const Tensor& g, Needed&& needed, Accumulate&& accumulate) {
@@ -147,38 +149,67 @@ void conv_vjp(const Op& op, const Tensor& x, const Tensor& w, const Tensor& g, N
     std::iota(v.begin(), v.end(), first);
     return v;
   };
+  const std::int64_t groups = c.feature_groups;
   if (needed(0)) {
     if (std::any_of(c.lhs_dilation.begin(), c.lhs_dilation.end(), [](auto l) { return l != 1; })) unsupported("input");
-    std::vector<std::int64_t> swap = dims(0, spatial), low, high;  // w -> [window..., O, C]
-    swap.push_back(spatial + 1);
-    swap.push_back(spatial);
+    std::vector<std::int64_t> low, high;
     for (std::int64_t i = 0; i < spatial; ++i) {
       const auto k = static_cast<std::size_t>(i);
       low.push_back((ws[k] - 1) * c.rhs_dilation[k] - lo[k]);
       high.push_back(xs[k + 1] - 1 - (gs[k + 1] - 1) * c.strides[k] + lo[k]);
     }
-    accumulate(0, conv_general(g, transpose(w, std::move(swap)),
-                               {std::vector<std::int64_t>(static_cast<std::size_t>(spatial), 1), c.strides, c.rhs_dilation, !c.flip},
+    const Tensor swapped = [&] {  // [window..., O / G, C]
+      std::vector<std::int64_t> swap = dims(0, spatial);
+      if (groups == 1) {
+        swap.insert(swap.end(), {spatial + 1, spatial});
+        return transpose(w, std::move(swap));
+      }
+      // [window..., C/G, G, O/G] -> [window..., O/G, G, C/G]
+      const std::int64_t in_group = ws[static_cast<std::size_t>(spatial)], out_group = gs.back() / groups;
+      Shape split(ws.begin(), ws.begin() + spatial), joined = split;
+      split.insert(split.end(), {in_group, groups, out_group});
+      joined.insert(joined.end(), {out_group, in_group * groups});
+      swap.insert(swap.end(), {spatial + 2, spatial + 1, spatial});
+      return reshape(transpose(reshape(w, split), std::move(swap)), joined);
+    }();
+    accumulate(0, conv_general(g, swapped,
+                               {std::vector<std::int64_t>(static_cast<std::size_t>(spatial), 1), c.strides, c.rhs_dilation,
+                                !c.flip, groups},
                                std::move(low), std::move(high)));
   }
   if (needed(1)) {
     if (c.flip) unsupported("kernel");
-    std::vector<std::int64_t> features_first{spatial + 1}, positions = dims(1, spatial), high;
+    std::vector<std::int64_t> features_first{spatial + 1}, positions = dims(1, spatial), high, back = dims(1, spatial);
     for (auto d : dims(1, spatial)) features_first.push_back(d);
     features_first.push_back(0);  // x -> [C, X..., N]
     positions.push_back(0);
     positions.push_back(spatial + 1);  // g -> [P..., N, O]
+    back.push_back(0);
+    back.push_back(spatial + 1);  // [C, K..., O] -> [K..., C, O]
     for (std::int64_t i = 0; i < spatial; ++i) {
       const auto k = static_cast<std::size_t>(i);
       const std::int64_t dilated = (xs[k + 1] - 1) * c.lhs_dilation[k] + 1;
       high.push_back((ws[k] - 1) * c.rhs_dilation[k] + (gs[k + 1] - 1) * c.strides[k] + 1 - dilated - lo[k]);
     }
-    const Tensor dw = conv_general(transpose(x, std::move(features_first)), transpose(g, std::move(positions)),
-                                   {c.rhs_dilation, c.lhs_dilation, c.strides, false}, lo, std::move(high));  // [C, K..., O]
-    std::vector<std::int64_t> back = dims(1, spatial);
-    back.push_back(0);
-    back.push_back(spatial + 1);
-    accumulate(1, transpose(dw, std::move(back)));
+    auto kernel_grad = [&](const Tensor& xg, const Tensor& gg) {
+      const Tensor dw = conv_general(transpose(xg, features_first), transpose(gg, positions),
+                                     {c.rhs_dilation, c.lhs_dilation, c.strides, false}, lo, high);  // [C, K..., O]
+      return transpose(dw, back);
+    };
+    if (groups == 1) {
+      accumulate(1, kernel_grad(x, g));
+    } else {  // each group's features of x and g
+      auto features = [&](const Tensor& t, std::int64_t group) {
+        const std::int64_t size = t.shape().back() / groups;
+        std::vector<std::int64_t> from(t.shape().size(), 0), to(t.shape().begin(), t.shape().end());
+        from.back() = group * size;
+        to.back() = (group + 1) * size;
+        return slice(t, std::move(from), std::move(to));
+      };
+      std::vector<Tensor> parts;
+      for (std::int64_t group = 0; group < groups; ++group) parts.push_back(kernel_grad(features(x, group), features(g, group)));
+      accumulate(1, concatenate(parts, spatial + 1));
+    }
   }
 }
 

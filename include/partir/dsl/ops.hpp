@@ -296,18 +296,19 @@ inline Tensor select_and_scatter(const Tensor& x, const Tensor& g, WindowDims wi
                       std::move(a));
 }
 // Per spatial dim of a convolution: stride, zero padding before and after, and the window's dilation. Empty
-// lists mean 1, 0, 0 and 1 for every spatial dim.
+// lists mean 1, 0, 0 and 1 for every spatial dim. feature_groups: see ConvDims (C for a depthwise convolution).
 struct ConvWindow {
   std::vector<std::int64_t> strides, padding_low, padding_high, dilation;
+  std::int64_t feature_groups = 1;
 };
-// x [N, spatial..., C] (NHWC) convolved with w [window..., C, O] (HWIO) -> [N, spatial'..., O]: as TensorFlow
-// and XLA compute it (cross-correlation: the window is not reversed).
+// x [N, spatial..., C] (NHWC) convolved with w [window..., C / groups, O] (HWIO) -> [N, spatial'..., O]: as
+// TensorFlow and XLA compute it (cross-correlation: the window is not reversed).
 inline Tensor conv(const Tensor& x, const Tensor& w, const ConvWindow& window = {}) {
   const auto spatial = static_cast<std::size_t>(std::max<std::int64_t>(x.rank() - 2, 0));
   auto each = [&](const std::vector<std::int64_t>& v, std::int64_t fill) {
     return v.empty() ? std::vector<std::int64_t>(spatial, fill) : v;
   };
-  return conv_general(x, w, {each(window.strides, 1), each({}, 1), each(window.dilation, 1)},
+  return conv_general(x, w, {each(window.strides, 1), each({}, 1), each(window.dilation, 1), false, window.feature_groups},
                       each(window.padding_low, 0), each(window.padding_high, 0));
 }
 inline Tensor concatenate(const std::vector<Tensor>& xs, std::int64_t axis) {

@@ -99,14 +99,17 @@ struct DotDims {
   friend bool operator==(const DotDims&, const DotDims&) = default;
 };
 
-// convolution, per spatial dim (XLA's ConvGeneralDilated with a fixed layout and one feature group): output
-// position p reads the window at p * stride - padding low over the input dilated by lhs_dilation (zeros
-// between its elements; the input gradient of a strided convolution), the window's taps rhs_dilation apart.
-// flip reverses the window (a true convolution, as the input gradient reads the kernel). Padding (Attrs::lo
-// and hi) may be negative: it then crops.
+// convolution, per spatial dim (XLA's ConvGeneralDilated with a fixed layout): output position p reads the
+// window at p * stride - padding low over the input dilated by lhs_dilation (zeros between its elements; the
+// input gradient of a strided convolution), the window's taps rhs_dilation apart. flip reverses the window (a
+// true convolution, as the input gradient reads the kernel). Padding (Attrs::lo and hi) may be negative: it
+// then crops. With G feature groups (XLA's feature_group_count) the C input features and O output features
+// split into G groups, output group g reading input group g only: the kernel is [window..., C / G, O]
+// (G = C: depthwise).
 struct ConvDims {
   std::vector<std::int64_t> strides, lhs_dilation, rhs_dilation;
   bool flip = false;
+  std::int64_t feature_groups = 1;
   friend bool operator==(const ConvDims&, const ConvDims&) = default;
 };
 

@@ -231,10 +231,16 @@ PARTIR_ENTRY TensorType infer_type(OpKind kind, std::span<const TensorType> in, 
                     std::to_string(r) + " (input " + show(0) + ")");
       if (in[0].dtype != in[1].dtype || !is_float(in[0].dtype))
         return fail("needs floating-point operands of one dtype, got " + show(0) + " and " + show(1));
-      if (in[1].shape[spatial] != in[0].shape[r - 1])
-        return fail("kernel " + show(1) + " reads " + std::to_string(in[1].shape[spatial]) + " features, input " +
-                    show(0) + " has " + std::to_string(in[0].shape[r - 1]));
       const auto& c = a.conv;
+      const std::int64_t groups = c.feature_groups, features = in[0].shape[r - 1], outs = in[1].shape.back();
+      if (groups < 1 || features % groups != 0 || outs % groups != 0)
+        return fail(std::to_string(groups) + " feature groups must divide the input's " + std::to_string(features) +
+                    " features and the kernel's " + std::to_string(outs) + " output features (" + show(0) +
+                    ", kernel " + show(1) + ")");
+      if (in[1].shape[spatial] * groups != features)
+        return fail("kernel " + show(1) + " reads " + std::to_string(in[1].shape[spatial]) + " features" +
+                    (groups > 1 ? " in each of " + std::to_string(groups) + " groups" : std::string()) + ", input " + show(0) +
+                    " has " + std::to_string(features));
       for (const auto* v : {&c.strides, &c.lhs_dilation, &c.rhs_dilation, &a.lo, &a.hi})
         if (static_cast<std::int64_t>(v->size()) != spatial)
           return fail("needs a stride, dilations and padding for each of the " + std::to_string(spatial) +

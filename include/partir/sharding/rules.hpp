@@ -344,11 +344,16 @@ PARTIR_ENTRY OpRule rule_for(const Op& op, std::span<const TensorType> in) {
     }
     case OpKind::convolution: {  // x [N, X..., C], w [K..., C, O] -> [N, P..., O]: the batch and output
       // features pass through, the input features are a reduction (a partial sum, as a matmul's k), and each
-      // spatial dim tiles its input with its output or with its window (halo.hpp), else not at all.
+      // spatial dim tiles its input with its output or with its window (halo.hpp), else not at all. With
+      // feature groups, the features stay whole.
       const std::size_t spatial = in[0].shape.size() - 2;
       auto& x = b.rule.operands[0];
       auto& w = b.rule.operands[1];
-      const int batch = b.factor(in[0].shape[0]), features = b.factor(in[0].shape.back(), FactorKind::reduction);
+      const bool grouped = op.attrs.conv.feature_groups > 1;
+      const std::string whole = "convolution: " + std::to_string(op.attrs.conv.feature_groups) +
+                                " feature groups: each output feature reads its group's input features";
+      const int batch = b.factor(in[0].shape[0]);
+      const int features = grouped ? -1 : b.factor(in[0].shape.back(), FactorKind::reduction);
       x.push_back({batch});
       b.rule.result.push_back({batch});
       for (std::size_t d = 0; d < spatial; ++d) {
@@ -382,9 +387,15 @@ PARTIR_ENTRY OpRule rule_for(const Op& op, std::span<const TensorType> in) {
           }
         }
       }
-      x.push_back({features});
-      w.push_back({features});
-      w.push_back({b.factor(in[1].shape.back())});
+      if (grouped) {
+        x.push_back({b.factor(in[0].shape.back(), FactorKind::need_replication, whole)});
+        w.push_back({b.factor(in[1].shape[spatial], FactorKind::need_replication, whole)});
+        w.push_back({b.factor(in[1].shape.back(), FactorKind::need_replication, whole)});
+      } else {
+        x.push_back({features});
+        w.push_back({features});
+        w.push_back({b.factor(in[1].shape.back())});
+      }
       b.rule.result.push_back(w.back());
       b.linear(PartialRule::product, {true, true});
       break;

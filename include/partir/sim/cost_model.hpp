@@ -63,13 +63,14 @@ inline Work local_work(const Op& op, std::span<const TensorType> in) {
   if (op.kind == OpKind::scatter_add) w.flops = static_cast<double>(in[1].elements());
   if (op.kind == OpKind::add_n) w.flops = static_cast<double>(op.type.elements()) * static_cast<double>(in.size() - 1);
   if (op.kind == OpKind::dot_general) w.gemm_dim = gemm_dim(op.attrs.dot, in[0].shape, in[1].shape);
-  // A convolution is a multiply-add per output element, input feature and window tap, computed as the GEMM
-  // [images x positions, taps x C] x [taps x C, O] (the CPU kernel's im2col).
+  // A convolution is a multiply-add per output element, input feature of its group and window tap, computed as
+  // the GEMMs [images x positions, taps x C/G] x [taps x C/G, O/G] (the CPU kernel's im2col, per group).
   if (op.kind == OpKind::convolution) {
     const double taps_features = static_cast<double>(in[1].elements() / in[1].shape.back());
-    const double O = static_cast<double>(op.type.shape.back());
+    const std::int64_t O = op.type.shape.back();
+    const double rows = O > 0 ? static_cast<double>(op.type.elements() / O) : 0.0;
     w.flops = 2.0 * static_cast<double>(op.type.elements()) * taps_features;
-    w.gemm_dim = std::min({O > 0 ? static_cast<double>(op.type.elements()) / O : 0.0, taps_features, O});
+    w.gemm_dim = std::min({rows, taps_features, static_cast<double>(O / op.attrs.conv.feature_groups)});
   }
   // Pooling: one operation per output element and tap (its gradient: per window and tap).
   if (op.kind == OpKind::reduce_window_sum || op.kind == OpKind::reduce_window_max || op.kind == OpKind::select_and_scatter) {

@@ -216,18 +216,20 @@ void scatter_add(const Array& indices, const Array& updates, Array& out) {
 // Below this many rows + contracting + columns a GEMM is a few sums, computed in a fixed order (see batched_gemm).
 inline constexpr std::int64_t gemm_min_size = 20;
 
-// x [N, spatial..., C], w [window..., C, O] -> out [N, spatial'..., O] (ConvDims in op.hpp). im2col: row p of an
-// image's patches holds the C features under each tap of output position p's window (zeros off the input or
-// between dilated elements), taps major; then one GEMM [images x P, taps x C] x [taps x C, O] on the GEMM engine
-// in use (gemm_engine.hpp) per group of images whose patches fit in 64 MiB.
+// x [N, spatial..., C], w [window..., C / G, O] -> out [N, spatial'..., O] (ConvDims in op.hpp; G feature groups).
+// im2col: row p of an image's patches holds its group's C / G features under each tap of output position p's
+// window (zeros off the input or between dilated elements), taps major; then per group one GEMM
+// [images x P, taps x C/G] x [taps x C/G, O/G] on the GEMM engine in use (gemm_engine.hpp), the kernel's and the
+// result's columns of the group strided by O, per batch of images whose patches fit in 64 MiB.
 template <class T>
 void convolution(const Array& x, const Array& w, const Attrs& a, Array& out) {
   const auto& c = a.conv;
   const auto spatial = x.shape().size() - 2;
-  const std::int64_t N = x.shape()[0], C = x.shape().back(), O = w.shape().back();
+  const std::int64_t N = x.shape()[0], C = x.shape().back(), O = w.shape().back(), G = c.feature_groups;
+  const std::int64_t Cg = C / G, Og = O / G;
   const Shape in(x.shape().begin() + 1, x.shape().end() - 1), taps(w.shape().begin(), w.shape().begin() + static_cast<std::ptrdiff_t>(spatial)),
       positions(out.shape().begin() + 1, out.shape().end() - 1);
-  const std::int64_t P = num_elements(positions), K = num_elements(taps), X = num_elements(in), row = K * C;
+  const std::int64_t P = num_elements(positions), K = num_elements(taps), X = num_elements(in), row = K * Cg;
   if (N * P * O == 0) return;
   const Strides in_strides = row_major_strides(in);
   // The input position each (output position, tap) reads, -1 for padding and dilation holes: the same in every image.
@@ -256,29 +258,36 @@ void convolution(const Array& x, const Array& w, const Attrs& a, Array& out) {
   }
   const std::int64_t group = std::clamp<std::int64_t>((std::int64_t{64} << 20) / static_cast<std::int64_t>(sizeof(T)) / std::max<std::int64_t>(P * row, 1), 1, N);
   std::vector<T> patches(static_cast<std::size_t>(group * P * row));
+  std::vector<T> staged(G > 1 ? patches.size() / static_cast<std::size_t>(row) * static_cast<std::size_t>(Og) : 0);
   const std::vector<std::int64_t> no_batch;
+  using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using Strided = Eigen::OuterStride<>;
   for (std::int64_t first = 0; first < N; first += group) {
-    const std::int64_t images = std::min(group, N - first);
-    for (std::int64_t n = 0; n < images; ++n)
-      for (std::int64_t p = 0; p < P; ++p)
-        for (std::int64_t k = 0; k < K; ++k) {
-          T* dst = patches.data() + ((n * P + p) * K + k) * C;
-          const std::int64_t s = source[static_cast<std::size_t>(p * K + k)];
-          if (s < 0) std::fill_n(dst, C, T(0));
-          else std::copy_n(ptr<T>(x) + ((first + n) * X + s) * C, C, dst);
-        }
-    const std::int64_t m = images * P;
-    T* result = ptr<T>(out) + first * P * O;
-    const bool large = m + row + O >= gemm_min_size;
-    if (large && gemm_engine() == GemmEngine::onednn &&
-        onednn::matmul<T>(no_batch, {no_batch, true, row}, {no_batch, true, O}, m, O, row, patches.data(), ptr<T>(w), result))
-      continue;
-    if (large && gemm_engine() != GemmEngine::eigen &&
-        blas::gemm<T>(true, true, m, O, row, patches.data(), row, ptr<T>(w), O, result, O))
-      continue;
-    using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    Eigen::Map<Matrix>(result, m, O).noalias() =
-        Eigen::Map<const Matrix>(patches.data(), m, row) * Eigen::Map<const Matrix>(ptr<T>(w), row, O);
+    const std::int64_t images = std::min(group, N - first), m = images * P;
+    for (std::int64_t g = 0; g < G; ++g) {
+      for (std::int64_t n = 0; n < images; ++n)
+        for (std::int64_t p = 0; p < P; ++p)
+          for (std::int64_t k = 0; k < K; ++k) {
+            T* dst = patches.data() + ((n * P + p) * K + k) * Cg;
+            const std::int64_t s = source[static_cast<std::size_t>(p * K + k)];
+            if (s < 0) std::fill_n(dst, Cg, T(0));
+            else std::copy_n(ptr<T>(x) + ((first + n) * X + s) * C + g * Cg, Cg, dst);
+          }
+      const T* kernel = ptr<T>(w) + g * Og;              // [taps x C/G, O/G], rows O apart
+      T* result = ptr<T>(out) + first * P * O + g * Og;  // [m, O/G], rows O apart
+      const bool large = m + row + Og >= gemm_min_size;
+      if (large && gemm_engine() == GemmEngine::onednn &&  // oneDNN writes dense rows: a group's are staged
+          onednn::matmul<T>(no_batch, {no_batch, true, row}, {no_batch, true, O}, m, Og, row, patches.data(), kernel,
+                            G > 1 ? staged.data() : result)) {
+        for (std::int64_t i = 0; G > 1 && i < m; ++i) std::copy_n(staged.data() + i * Og, Og, result + i * O);
+        continue;
+      }
+      if (large && gemm_engine() != GemmEngine::eigen &&
+          blas::gemm<T>(true, true, m, Og, row, patches.data(), row, kernel, O, result, O))
+        continue;
+      Eigen::Map<Matrix, 0, Strided>(result, m, Og, Strided(O)).noalias() =
+          Eigen::Map<const Matrix>(patches.data(), m, row) * Eigen::Map<const Matrix, 0, Strided>(kernel, row, Og, Strided(O));
+    }
   }
 }
 
