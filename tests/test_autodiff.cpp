@@ -319,7 +319,8 @@ TEST_CASE("autodiff: convolution") {
   }
   SUBCASE("valid padding, 3 spatial dims") { check_conv({1, 3, 4, 3, 2}, {2, 3, 2, 2, 2}, {}); }
   SUBCASE("feature groups, strided") {
-    check_conv({2, 5, 4, 6}, {3, 2, 3, 4}, {.strides = {2, 1}, .padding_low = {1, 0}, .padding_high = {1, 1}, .feature_groups = 2});
+    check_conv({2, 5, 4, 6}, {3, 2, 3, 4},
+               {.strides = {2, 1}, .padding_low = {1, 0}, .padding_high = {1, 1}, .feature_groups = 2});
   }
   SUBCASE("depthwise, dilated") {
     check_conv({1, 6, 4}, {3, 1, 8}, {.padding_low = {2}, .padding_high = {2}, .dilation = {2}, .feature_groups = 4});

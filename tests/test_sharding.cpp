@@ -436,8 +436,9 @@ TEST_CASE("reshape: an axis that fits the major factor passes, one that straddle
 }
 
 TEST_CASE("convolution with feature groups: the batch passes, the features stay whole (a stop says why)") {
-  const Program grouped = trace("grouped", [](Tensor x, Tensor w) { return tag(conv(x, w, {.feature_groups = 2}), "y"); },
-                                {{"x", {4, 5, 5, 6}}, {"w", {3, 3, 3, 8}}});
+  const Program grouped = trace(
+      "grouped", [](Tensor x, Tensor w) { return tag(conv(x, w, {.feature_groups = 2}), "y"); },
+      {{"x", {4, 5, 5, 6}}, {"w", {3, 3, 3, 8}}});
   const Mesh mesh{{"a", 2}};
   CHECK(layout(partition(grouped, mesh, {ManualPartition{{{"x", 0}}, "a"}}), "y") == "[{a},{},{},{}]");
   const Partitioned channels = partition(grouped, mesh, {ManualPartition{{{"w", 3}}, "a"}});

@@ -172,10 +172,9 @@ void conv_vjp(const Op& op, const Tensor& x, const Tensor& w, const Tensor& g, N
       swap.insert(swap.end(), {spatial + 2, spatial + 1, spatial});
       return reshape(transpose(reshape(w, split), std::move(swap)), joined);
     }();
-    accumulate(0, conv_general(g, swapped,
-                               {std::vector<std::int64_t>(static_cast<std::size_t>(spatial), 1), c.strides, c.rhs_dilation,
-                                !c.flip, groups},
-                               std::move(low), std::move(high)));
+    const std::vector<std::int64_t> ones(static_cast<std::size_t>(spatial), 1);
+    accumulate(0, conv_general(g, swapped, {ones, c.strides, c.rhs_dilation, !c.flip, groups}, std::move(low),
+                               std::move(high)));
   }
   if (needed(1)) {
     if (c.flip) unsupported("kernel");
@@ -207,7 +206,8 @@ void conv_vjp(const Op& op, const Tensor& x, const Tensor& w, const Tensor& g, N
         return slice(t, std::move(from), std::move(to));
       };
       std::vector<Tensor> parts;
-      for (std::int64_t group = 0; group < groups; ++group) parts.push_back(kernel_grad(features(x, group), features(g, group)));
+      for (std::int64_t group = 0; group < groups; ++group)
+        parts.push_back(kernel_grad(features(x, group), features(g, group)));
       accumulate(1, concatenate(parts, spatial + 1));
     }
   }

@@ -308,7 +308,8 @@ inline Tensor conv(const Tensor& x, const Tensor& w, const ConvWindow& window = 
   auto each = [&](const std::vector<std::int64_t>& v, std::int64_t fill) {
     return v.empty() ? std::vector<std::int64_t>(spatial, fill) : v;
   };
-  return conv_general(x, w, {each(window.strides, 1), each({}, 1), each(window.dilation, 1), false, window.feature_groups},
+  return conv_general(x, w,
+                      {each(window.strides, 1), each({}, 1), each(window.dilation, 1), false, window.feature_groups},
                       each(window.padding_low, 0), each(window.padding_high, 0));
 }
 inline Tensor concatenate(const std::vector<Tensor>& xs, std::int64_t axis) {

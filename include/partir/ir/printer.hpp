@@ -54,7 +54,8 @@ inline std::string attrs_str(const Op& op) {
     case OpKind::convolution:
       return " {strides=" + list_str(a.conv.strides) + ", low=" + list_str(a.lo) + ", high=" + list_str(a.hi) +
              ", lhs_dilation=" + list_str(a.conv.lhs_dilation) + ", rhs_dilation=" + list_str(a.conv.rhs_dilation) +
-             (a.conv.feature_groups != 1 ? ", feature_groups=" + std::to_string(a.conv.feature_groups) : std::string()) +
+             (a.conv.feature_groups != 1 ? ", feature_groups=" + std::to_string(a.conv.feature_groups)
+                                         : std::string()) +
              (a.conv.flip ? ", flip}" : "}");
     case OpKind::reduce_window_sum:
     case OpKind::reduce_window_max:

@@ -239,8 +239,8 @@ PARTIR_ENTRY TensorType infer_type(OpKind kind, std::span<const TensorType> in, 
                     ", kernel " + show(1) + ")");
       if (in[1].shape[spatial] * groups != features)
         return fail("kernel " + show(1) + " reads " + std::to_string(in[1].shape[spatial]) + " features" +
-                    (groups > 1 ? " in each of " + std::to_string(groups) + " groups" : std::string()) + ", input " + show(0) +
-                    " has " + std::to_string(features));
+                    (groups > 1 ? " in each of " + std::to_string(groups) + " groups" : std::string()) + ", input " +
+                    show(0) + " has " + std::to_string(features));
       for (const auto* v : {&c.strides, &c.lhs_dilation, &c.rhs_dilation, &a.lo, &a.hi})
         if (static_cast<std::int64_t>(v->size()) != spatial)
           return fail("needs a stride, dilations and padding for each of the " + std::to_string(spatial) +

@@ -286,7 +286,8 @@ void convolution(const Array& x, const Array& w, const Attrs& a, Array& out) {
           blas::gemm<T>(true, true, m, Og, row, patches.data(), row, kernel, O, result, O))
         continue;
       Eigen::Map<Matrix, 0, Strided>(result, m, Og, Strided(O)).noalias() =
-          Eigen::Map<const Matrix>(patches.data(), m, row) * Eigen::Map<const Matrix, 0, Strided>(kernel, row, Og, Strided(O));
+          Eigen::Map<const Matrix>(patches.data(), m, row) *
+          Eigen::Map<const Matrix, 0, Strided>(kernel, row, Og, Strided(O));
     }
   }
 }
