@@ -683,6 +683,11 @@ TEST_CASE("catalog: communication") {
   const Program step = adam_step();
   CHECK_THROWS_WITH_AS(lower(partition(step, mesh2x2, {data_parallel("batch")}), {.bucket_bytes = -1}),
                        "bucket_all_reduces: bucket size -1 bytes is negative (0 turns bucketing off)", UserError);
+  // E108 a prefetch budget below -1 (one_collective_ahead)
+  CHECK_THROWS_WITH_AS(lower(partition(step, mesh2x2, {data_parallel("batch")}), {.prefetch_bytes = -2}),
+                       "schedule_collectives: prefetch budget -2 bytes is negative (0 moves only collectives that cost no "
+                       "memory; -1: one collective ahead)",
+                       UserError);
 }
 
 TEST_CASE("catalog: hardware profiles and command lines (nlohmann-json and CLI11 errors in partir's wording)") {

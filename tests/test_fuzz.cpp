@@ -430,6 +430,8 @@ struct Case {
   Schedule schedule;
   std::uint64_t input_seed = 0;
   std::int64_t bucket_bytes = 0;  // all_reduce buckets (spmd/bucket.hpp), 0: off
+  std::int64_t prefetch_bytes = one_collective_ahead;  // how far collectives move up (spmd/schedule.hpp)
+  LowerOptions lower_options() const { return {.bucket_bytes = bucket_bytes, .prefetch_bytes = prefetch_bytes}; }
 };
 
 // "" if the case passes or partition() rejects the plan as a user error; else what went wrong.
@@ -456,7 +458,7 @@ std::string check(const Case& c, bool* rejected = nullptr) {
   const NamedArrays inputs = g.inputs(prog);
   try {
     const NamedArrays want = interpret(prog, inputs);
-    const auto got = execute_on_threads(lower(plan, {.bucket_bytes = c.bucket_bytes}), inputs);
+    const auto got = execute_on_threads(lower(plan, c.lower_options()), inputs);
     for (std::size_t d = 0; d < got.size(); ++d)
       for (const auto& [name, expect] : want) {
         const Array& have = got[d].outputs.at(name);
@@ -528,7 +530,8 @@ std::string describe(const Case& c, std::uint64_t seed, long index, int max_ops)
      << " build/tests/test_fuzz\n"
      << "shrunk case: mesh " << c.mesh.to_string() << ", mode "
      << (c.recipe.mode == 0 ? "forward" : c.recipe.mode == 1 ? "value_and_grad(sum(out^2))" : "train_step Adam(sum(out^2)), clip_norm 1")
-     << ", input seed " << c.input_seed << ", buckets of " << c.bucket_bytes << " bytes\n  // program (inside partir::trace)\n"
+     << ", input seed " << c.input_seed << ", buckets of " << c.bucket_bytes << " bytes, prefetch " << c.prefetch_bytes
+     << " bytes\n  // program (inside partir::trace)\n"
      << code << "  // schedule\n";
   for (const auto& t : c.schedule) os << "  " << t.name() << "\n";
   os << "failure: " << check(c) << "\n";
@@ -558,13 +561,15 @@ TEST_CASE("fuzz: random programs and schedules on random meshes match the single
     c.input_seed = seed + static_cast<std::uint64_t>(i);
     const int bucketing = g.pick(3);  // off, buckets of a few gradients, one big bucket
     c.bucket_bytes = bucketing == 0 ? 0 : bucketing == 1 ? 4 << g.pick(10) : std::int64_t{25} << 20;
+    const int prefetch = g.pick(3);  // one ahead, none, everything as early as its operand
+    c.prefetch_bytes = prefetch == 0 ? one_collective_ahead : prefetch == 1 ? 0 : std::int64_t{1} << 40;
     bool was_rejected = false;
     const std::string why = check(c, &was_rejected);
     ++run;
     rejected += was_rejected;
     if (!was_rejected && why.empty()) {
       try {
-        for (const auto& info : lower(partition(build(c.recipe, c.steps), c.mesh, c.schedule), {.bucket_bytes = c.bucket_bytes}).collectives()) {
+        for (const auto& info : lower(partition(build(c.recipe, c.steps), c.mesh, c.schedule), c.lower_options()).collectives()) {
           ++collectives;
           buckets += info.collective.reason.starts_with("bucket of");
         }

@@ -42,6 +42,7 @@
 #include "partir/spmd/spmd_program.hpp"
 #include "partir/spmd/pipeline.hpp"
 #include "partir/spmd/bucket.hpp"
+#include "partir/spmd/schedule.hpp"
 #include "partir/spmd/lower.hpp"
 #include "partir/runtime/layout.hpp"
 #include "partir/runtime/communicator.hpp"

@@ -4,8 +4,11 @@
 // buffer cache; records peak bytes, the time of every collective and, when asked, of every op.
 #include <chrono>
 #include <cmath>
+#include <deque>
+#include <optional>
 
 #include "partir/config.hpp"
+#include "partir/runtime/comm_stream.hpp"
 #include "partir/runtime/communicator.hpp"
 #include "partir/runtime/kernels/buffer_cache.hpp"
 #include "partir/runtime/kernels/elements.hpp"
@@ -21,6 +24,10 @@ struct ExecuteOptions {
   bool global_outputs = true;  // outputs are gathered to global arrays on every device, else local pieces
   bool check_finite = false;   // a NaN or Inf in any input is a UserError naming the input and element
   bool timeline = false;       // time every op into DeviceResult::timeline (sim/trace.hpp makes it a trace)
+  // Collectives run on the device's communication stream (comm_stream.hpp), overlapping the ops up to the first
+  // use of their result; off: each blocks where the program places it. Pipelined programs, whose transfers
+  // already do not block the sender, and backends that cannot stream (StreamableCommunicator) run inline.
+  bool async_collectives = async_collectives_enabled();
 };
 
 // When an op ran, in seconds from the start of execute(). A fused chain is timed at its root.
@@ -29,6 +36,23 @@ struct OpTiming {
   double start = 0, seconds = 0;
   friend bool operator==(const OpTiming&, const OpTiming&) = default;
 };
+
+// Of the time a device spent in collectives (a timeline of execute() on p), the fraction during which it also
+// ran local ops: the communication its stream hid behind compute. 0 without collectives.
+inline double hidden_communication_fraction(const SpmdProgram& p, const std::vector<OpTiming>& timeline) {
+  std::vector<const OpTiming*> compute, communication;
+  for (const auto& t : timeline) {
+    const auto& c = p.op(t.value).collective;
+    (c && c->kind != CollectiveKind::all_slice ? communication : compute).push_back(&t);
+  }
+  double total = 0, hidden = 0;
+  for (const auto* c : communication) {
+    total += c->seconds;
+    for (const auto* o : compute)
+      hidden += std::max(0.0, std::min(c->start + c->seconds, o->start + o->seconds) - std::max(c->start, o->start));
+  }
+  return total > 0 ? hidden / total : 0;
+}
 
 struct DeviceResult {
   NamedArrays outputs;
@@ -53,48 +77,57 @@ inline std::pair<int, int> permute_peers(const Collective& c, std::int64_t posit
   return {member(position + c.shift), member(position - c.shift)};
 }
 
+// Runs a collective other than all_slice into `out`, a buffer of its result type that the caller made (on the
+// device's own thread: the buffer cache is per thread), so a stream can run it on another thread.
 template <Communicator C>
-Array run_collective(const Collective& c, const Array& in, const TensorType& result, const Mesh& mesh, C& comm) {
+void run_collective_into(const Collective& c, const Array& in, Array& out, const Mesh& mesh, C& comm) {
   const std::int64_t device = comm.device();
   const Group group = group_of(mesh, device, c.axes);
   const std::int64_t k = group.size();
-  if (c.kind == CollectiveKind::all_slice) return layout::tile(in, c.dim, k, mesh.position(device, c.axes));
-  Array out = kernels::buffer_cache().take(result);  // every collective below writes all of it
   switch (c.kind) {
-    case CollectiveKind::all_slice: break;  // handled above
     case CollectiveKind::all_reduce:
       std::memcpy(layout::bytes(out), layout::bytes(in), static_cast<std::size_t>(in.bytes()));
       comm.all_reduce(group, layout::bytes(out), out.size(), out.dtype());
-      return out;
+      return;
     case CollectiveKind::all_gather: {
       std::vector<std::byte> blocks(static_cast<std::size_t>(out.bytes()));
       comm.all_gather(group, layout::bytes(in), blocks.data(), in.size(), in.dtype());
       layout::unpack(blocks.data(), c.dim, k, out);
-      return out;
+      return;
     }
     case CollectiveKind::reduce_scatter: {
       std::vector<std::byte> packed(static_cast<std::size_t>(in.bytes()));
       layout::pack(in, c.dim, k, packed.data());
       comm.reduce_scatter(group, packed.data(), layout::bytes(out), out.size(), out.dtype());
-      return out;
+      return;
     }
     case CollectiveKind::all_to_all: {
       std::vector<std::byte> sent(static_cast<std::size_t>(in.bytes())), received(sent.size());
       layout::pack(in, c.to_dim, k, sent.data());
       comm.all_to_all(group, sent.data(), received.data(), in.size() / k, in.dtype());
       layout::unpack(received.data(), c.dim, k, out);
-      return out;
+      return;
     }
     case CollectiveKind::collective_permute: {
       const auto [to, from] = permute_peers(c, mesh.position(device, c.axes), k);
       if (from < 0) std::memset(layout::bytes(out), 0, static_cast<std::size_t>(out.bytes()));
       comm.collective_permute(group, to, layout::bytes(in), from, layout::bytes(out), in.size(), in.dtype());
-      return out;
+      return;
     }
+    case CollectiveKind::all_slice:
     case CollectiveKind::send:
-    case CollectiveKind::recv: break;  // run_transfer's
+    case CollectiveKind::recv: break;  // local (run_collective) / run_transfer's
   }
-  internal_error("unknown collective");
+  internal_error("run_collective_into: " + std::string(name_of(c.kind)) + " is not run here");
+}
+
+template <Communicator C>
+Array run_collective(const Collective& c, const Array& in, const TensorType& result, const Mesh& mesh, C& comm) {
+  if (c.kind == CollectiveKind::all_slice)
+    return layout::tile(in, c.dim, group_of(mesh, comm.device(), c.axes).size(), mesh.position(comm.device(), c.axes));
+  Array out = kernels::buffer_cache().take(result);  // every collective writes all of it
+  run_collective_into(c, in, out, mesh, comm);
+  return out;
 }
 
 // A pipeline transfer: a send hands this device's operand to the device at stage `peer` (the same position on
@@ -192,6 +225,7 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
   if (!p.pipeline()) return detail::execute_stage(p, comm, inputs, options, where);
   std::vector<ValueId> ids;
   const SpmdProgram stage = stage_program(p, p.stage_of(comm.device()), &ids);
+  options.async_collectives = false;  // a stage's transfers already leave the sender free (see ExecuteOptions)
   DeviceResult r = detail::execute_stage(stage, comm, inputs, options, where);
   for (auto& t : r.timeline) t.value = ids[static_cast<std::size_t>(t.value)];
   return r;
@@ -227,47 +261,131 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
   const auto run_start = clock::now();
   const FusionPlan fusion = plan_fusion(p);
   const auto& frees = fusion.last_uses();
+
+  // The communication stream and what runs on it: a collective's result buffer and operand stay as they are
+  // until it has run (`stream_uses`); a value whose last use comes earlier is counted free at that use, as the
+  // simulator counts it, and its buffer handed back when the collectives using it are done.
+  struct InFlight {
+    ValueId value;
+    std::int64_t ticket;
+    std::size_t collective_index, timeline_index;
+    double start = 0, seconds = 0;   // written by the stream
+    std::vector<ValueId> released;   // buffers to hand back once it has run
+  };
+  std::deque<InFlight> in_flight;  // in issue order: each finishes no later than the next
+  std::vector<int> stream_uses(n, 0);
+  std::vector<std::int64_t> ticket_of(n, -1);  // values still being made on the stream
+  std::optional<CommStream> stream;  // after what its tasks write: destroyed (joined) first
+  const bool communicates = std::any_of(p.ops().begin(), p.ops().end(), [](const SpmdOp& s) {
+    return s.collective && s.collective->kind != CollectiveKind::all_slice;
+  });
+  if constexpr (StreamableCommunicator<C>)
+    if (options.async_collectives && communicates && comm.streams_collectives())
+      stream.emplace([&comm](const std::string& why) { comm.abort(why); });
+  auto release = [&](ValueId dead) {
+    auto& buffer = owned[static_cast<std::size_t>(dead)];
+    kernels::buffer_cache().give(std::move(*buffer));  // reused by later ops and steps: no fresh pages
+    buffer.reset();
+  };
+  // Bookkeeping of collectives that have run, oldest first; with `until`, first waits for that ticket.
+  auto retire = [&](std::int64_t until) {
+    if (until >= 0) stream->wait(until);
+    while (!in_flight.empty() && (in_flight.front().ticket <= until || stream->done(in_flight.front().ticket))) {
+      InFlight& f = in_flight.front();
+      stream->wait(f.ticket);  // rethrows a failure of the poll's task; orders its writes before the reads below
+      result.collective_seconds[f.collective_index] = f.seconds;
+      if (options.timeline) result.timeline[f.timeline_index] = {f.value, f.start, f.seconds};
+      ticket_of[static_cast<std::size_t>(f.value)] = -1;
+      for (auto v : {p.op(f.value).op.operands.at(0), f.value}) --stream_uses[static_cast<std::size_t>(v)];
+      for (auto v : f.released) release(v);
+      in_flight.pop_front();
+    }
+  };
+
   std::vector<const Array*> operands;
-  for (ValueId v = 0; v < p.size(); ++v) {
-    const SpmdOp& s = p.op(v);
-    auto& slot = owned[static_cast<std::size_t>(v)];
-    if (s.op.kind == OpKind::input && !s.collective) {
-      if (!values[static_cast<std::size_t>(v)]) internal_error(where + ": input %" + std::to_string(v) + " has no binding");
-    } else if (!fusion.skipped(v)) {
-      operands.clear();
-      for (auto o : s.op.operands) operands.push_back(values[static_cast<std::size_t>(o)]);
-      const auto t0 = clock::now();
-      try {
-        if (s.collective && (s.collective->kind == CollectiveKind::send || s.collective->kind == CollectiveKind::recv)) {
-          slot = run_transfer(*s.collective, operands.empty() ? nullptr : operands[0], s.op.type, mesh, comm);
-        } else if (s.collective) {
-          slot = run_collective(*s.collective, *operands[0], s.op.type, mesh, comm);
-        } else if (!s.row_shard.empty()) {
-          const auto rows = (s.op.kind == OpKind::gather ? operands[0]->shape() : s.op.type.shape).at(0);
-          slot = row_sharded(s, operands, mesh.position(comm.device(), s.row_shard) * rows,
-                                     rows * tile_count(s.row_shard, mesh));
-        } else {
-          slot = run_op(s.op, fusion.group_at(v), values, owned, frees[static_cast<std::size_t>(v)]);
+  std::vector<ValueId> dying;
+  try {
+    for (ValueId v = 0; v < p.size(); ++v) {
+      const SpmdOp& s = p.op(v);
+      auto& slot = owned[static_cast<std::size_t>(v)];
+      const bool streamed = stream && s.collective && s.collective->kind != CollectiveKind::all_slice;
+      if (s.op.kind == OpKind::input && !s.collective) {
+        if (!values[static_cast<std::size_t>(v)]) internal_error(where + ": input %" + std::to_string(v) + " has no binding");
+      } else if (streamed) {
+        const ValueId operand = s.op.operands.at(0);
+        slot = kernels::buffer_cache().take(s.op.type);
+        InFlight& f = in_flight.emplace_back(InFlight{v, -1, result.collective_seconds.size(), result.timeline.size()});
+        result.collective_seconds.push_back(0);
+        if (options.timeline) result.timeline.push_back({v, 0, 0});
+        // The stream runs collectives in order, so an operand made by an earlier one is ready when this starts.
+        f.ticket = stream->issue([&comm, &mesh, &where, run_start, v, record = &f, c = &*s.collective,
+                                  in = values[static_cast<std::size_t>(operand)], out = &*slot] {
+          const auto t0 = clock::now();
+          try {
+            run_collective_into(*c, *in, *out, mesh, comm);
+          } catch (const UserError& e) {
+            user_error(where + ": %" + std::to_string(v) + ": " + e.what());
+          }
+          record->start = seconds(t0 - run_start).count();
+          record->seconds = seconds(clock::now() - t0).count();
+        });
+        ticket_of[static_cast<std::size_t>(v)] = f.ticket;
+        for (auto u : {operand, v}) ++stream_uses[static_cast<std::size_t>(u)];
+        values[static_cast<std::size_t>(v)] = &*slot;
+        resident += slot->bytes();
+        peak = std::max(peak, resident);
+      } else if (!fusion.skipped(v)) {
+        if (stream) {  // wait for the collectives whose results this op reads (a fused chain: any of its inputs)
+          std::int64_t needed = -1;
+          auto need = [&](ValueId o) { needed = std::max(needed, ticket_of[static_cast<std::size_t>(o)]); };
+          for (auto o : s.op.operands) need(o);
+          if (const FusionGroup* g = fusion.group_at(v))
+            for (const auto& in : g->inputs) need(in.value);
+          retire(needed);
         }
-      } catch (const UserError& e) {
-        user_error(where + ": %" + std::to_string(v) + ": " + e.what());
+        operands.clear();
+        for (auto o : s.op.operands) operands.push_back(values[static_cast<std::size_t>(o)]);
+        const auto t0 = clock::now();
+        try {
+          if (s.collective && (s.collective->kind == CollectiveKind::send || s.collective->kind == CollectiveKind::recv)) {
+            slot = run_transfer(*s.collective, operands.empty() ? nullptr : operands[0], s.op.type, mesh, comm);
+          } else if (s.collective) {
+            slot = run_collective(*s.collective, *operands[0], s.op.type, mesh, comm);
+          } else if (!s.row_shard.empty()) {
+            const auto rows = (s.op.kind == OpKind::gather ? operands[0]->shape() : s.op.type.shape).at(0);
+            slot = row_sharded(s, operands, mesh.position(comm.device(), s.row_shard) * rows,
+                               rows * tile_count(s.row_shard, mesh));
+          } else {
+            // A reshape takes a dying operand's buffer, unless the stream still reads it.
+            dying = frees[static_cast<std::size_t>(v)];
+            std::erase_if(dying, [&](ValueId d) { return stream_uses[static_cast<std::size_t>(d)] > 0; });
+            slot = run_op(s.op, fusion.group_at(v), values, owned, dying);
+          }
+        } catch (const UserError& e) {
+          user_error(where + ": %" + std::to_string(v) + ": " + e.what());
+        }
+        const double took = seconds(clock::now() - t0).count();
+        if (s.collective) result.collective_seconds.push_back(took);
+        if (options.timeline) result.timeline.push_back({v, seconds(t0 - run_start).count(), took});
+        values[static_cast<std::size_t>(v)] = &*slot;
+        resident += slot->bytes();
+        peak = std::max(peak, resident);
       }
-      const double took = seconds(clock::now() - t0).count();
-      if (s.collective) result.collective_seconds.push_back(took);
-      if (options.timeline) result.timeline.push_back({v, seconds(t0 - run_start).count(), took});
-      values[static_cast<std::size_t>(v)] = &*slot;
-      resident += slot->bytes();
-      peak = std::max(peak, resident);
+      for (auto dead : frees[static_cast<std::size_t>(v)]) {
+        const bool is_input = p.op(dead).op.kind == OpKind::input && !p.op(dead).collective;
+        auto& buffer = owned[static_cast<std::size_t>(dead)];
+        if (is_input || !buffer) continue;  // inputs stay resident (parameters and state live across steps)
+        resident -= buffer->bytes();
+        values[static_cast<std::size_t>(dead)] = nullptr;
+        if (stream_uses[static_cast<std::size_t>(dead)] > 0) in_flight.back().released.push_back(dead);
+        else release(dead);
+      }
+      if (stream) retire(-1);
     }
-    for (auto dead : frees[static_cast<std::size_t>(v)]) {
-      const bool is_input = p.op(dead).op.kind == OpKind::input && !p.op(dead).collective;
-      auto& buffer = owned[static_cast<std::size_t>(dead)];
-      if (is_input || !buffer) continue;  // inputs stay resident (parameters and state live across steps)
-      resident -= buffer->bytes();
-      kernels::buffer_cache().give(std::move(*buffer));  // reused by later ops and steps: no fresh pages
-      buffer.reset();
-      values[static_cast<std::size_t>(dead)] = nullptr;
-    }
+    if (stream && !in_flight.empty()) retire(in_flight.back().ticket);
+  } catch (const std::exception& e) {
+    if (stream) stream->abandon(e.what());
+    throw;
   }
   kernels::buffer_cache().end_run();
   result.peak_bytes = peak;

@@ -83,7 +83,7 @@ class Session {
     MPI_Initialized(&initialized);
     if (!initialized) {
       int provided = 0;
-      check(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+      check(MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
       owns_ = true;
     }
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -115,16 +115,21 @@ class Session {
 // Runs fn() on this rank. If it throws, prints "error: rank R: <message>" and ends the whole job with
 // MPI_Abort: the other ranks may be blocked in a collective this rank will never join, and MPI offers no
 // way to cancel one, so returning (or MPI_Finalize) would hang them.
+[[noreturn]] inline void abort_job(const std::string& why) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  std::fprintf(stderr, "error: rank %d: %s\n", rank, why.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::abort();  // MPI_Abort does not return
+}
+
 template <class Fn>
 void abort_on_error(Fn&& fn) {
   try {
     fn();
   } catch (const std::exception& e) {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    std::fprintf(stderr, "error: rank %d: %s\n", rank, e.what());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    abort_job(e.what());
   }
 }
 
@@ -187,6 +192,14 @@ class Communicator {
     complete_sends(true);
     check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
   }
+  // A stream thread may run the collectives while the rank's own thread makes no MPI call (the Session asks for
+  // MPI_THREAD_SERIALIZED); a rank that fails with work on its stream ends the job, as abort_on_error does.
+  bool streams_collectives() const {
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    return level >= MPI_THREAD_SERIALIZED;
+  }
+  [[noreturn]] void abort(const std::string& why) { abort_job(why); }
 
   void send(int peer, const void* data, std::int64_t n, DType t, std::int64_t tag) {
     complete_sends(false);

@@ -191,6 +191,9 @@ class Communicator {
   void recv(int peer, void* data, std::int64_t n, DType t, std::int64_t tag) {
     world_->take(peer, device_, tag, data, static_cast<std::size_t>(n * size_of(t)));
   }
+  // Any thread may run this device's collectives (comm_stream.hpp); abort() wakes every device waiting in one.
+  bool streams_collectives() const { return true; }
+  void abort(const std::string& /*why: the failing device's exception carries it*/) { world_->abort(); }
   void barrier() {
     Group all;
     for (int d = 0; d < world_->size(); ++d) all.devices.push_back(d);

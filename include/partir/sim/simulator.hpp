@@ -3,7 +3,13 @@
 // and each collective with its ring formula (sim/cost_model.hpp), and replays buffer liveness exactly as
 // the executor accounts it: inputs resident for the whole step, an intermediate from its op to its last
 // use (an op's operands and result count together), outputs to the end.
+//
+// Time runs on two streams per device, as the executor runs the program (runtime/comm_stream.hpp): local ops
+// in program order on the compute stream, each starting when its operands are ready; collectives in program
+// order on the communication stream, each starting once the compute stream has issued it and its operand is
+// ready. With overlap off (or in a pipelined program) one stream runs everything in order.
 #include "partir/config.hpp"
+#include "partir/runtime/comm_stream.hpp"
 #include "partir/sim/cost_model.hpp"
 #include "partir/sim/report.hpp"
 #include "partir/runtime/kernels/fusion.hpp"
@@ -61,14 +67,20 @@ inline std::string timeline_label(const SpmdOp& s, ValueId v) {
   return s.op.name.empty() ? "%" + std::to_string(v) : s.op.name;
 }
 
+struct SimulateOptions {
+  // Communication on its own stream, overlapping compute (as ExecuteOptions::async_collectives runs it).
+  bool overlap = async_collectives_enabled();
+  friend bool operator==(const SimulateOptions&, const SimulateOptions&) = default;
+};
+
 // What one device's step costs (in a pipelined program: the step of all stages together; Report::stages has
 // each stage's).
-PARTIR_ENTRY Report simulate(const SpmdProgram& p, const HardwareProfile& hw);
+PARTIR_ENTRY Report simulate(const SpmdProgram& p, const HardwareProfile& hw, const SimulateOptions& options = {});
 
 #if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
-inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw) {
+inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bool overlap) {
   const Mesh& mesh = p.mesh();
   Report r;
   r.program = p.name();
@@ -86,7 +98,8 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw) {
   const FusionPlan fusion = plan_fusion(p);
   const auto& frees = fusion.last_uses();
 
-  double clock = 0;
+  double compute_clock = 0, communication_clock = 0;  // when each stream is free (without overlap: one clock)
+  std::vector<double> ready(static_cast<std::size_t>(p.size()), 0);  // when each value exists
   std::vector<TensorType> operand_types;
   for (ValueId v = 0; v < p.size(); ++v) {
     const SpmdOp& s = p.op(v);
@@ -95,7 +108,10 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw) {
       t.value = v;
       t.what = timeline_what(s);
       t.label = timeline_label(s, v);
-      t.start = clock;
+      double operands_ready = 0;
+      for (auto o : s.op.operands) operands_ready = std::max(operands_ready, ready[static_cast<std::size_t>(o)]);
+      if (const FusionGroup* g = fusion.group_at(v))
+        for (const auto& in : g->inputs) operands_ready = std::max(operands_ready, ready[static_cast<std::size_t>(in.value)]);
       operand_types.clear();
       for (auto o : s.op.operands) operand_types.push_back(p.type(o));
       if (s.collective && s.collective->kind != CollectiveKind::all_slice) {
@@ -134,7 +150,17 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw) {
         r.compute_seconds += t.seconds;
         r.flops += w.flops;
       }
-      clock += t.seconds;
+      if (!overlap) {
+        t.start = compute_clock;
+        compute_clock += t.seconds;
+      } else if (t.communication) {  // issued once the compute stream reaches it
+        t.start = std::max({communication_clock, compute_clock, operands_ready});
+        communication_clock = t.start + t.seconds;
+      } else {
+        t.start = std::max(compute_clock, operands_ready);
+        compute_clock = t.start + t.seconds;
+      }
+      ready[static_cast<std::size_t>(v)] = t.start + t.seconds;
       r.timeline.push_back(std::move(t));
 
       if (!fusion.skipped(v)) resident[kinds[static_cast<std::size_t>(v)]] += s.op.type.bytes();
@@ -147,7 +173,9 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw) {
     for (auto dead : frees[static_cast<std::size_t>(v)])
       if (!detail::is_program_input(p.op(dead))) resident[kinds[static_cast<std::size_t>(dead)]] -= p.type(dead).bytes();
   }
-  r.step_seconds = r.compute_seconds + r.communication_seconds;
+  r.overlap = overlap;
+  r.step_seconds = overlap ? std::max(compute_clock, communication_clock) : r.compute_seconds + r.communication_seconds;
+  r.hidden_communication_seconds = std::max(0.0, r.compute_seconds + r.communication_seconds - r.step_seconds);
   return r;
 }
 
@@ -159,7 +187,7 @@ inline Report simulate_pipeline(const SpmdProgram& p, const HardwareProfile& hw)
   std::vector<std::vector<ValueId>> ids(static_cast<std::size_t>(stages));
   std::vector<std::pair<int, const TimedOp*>> timed(static_cast<std::size_t>(p.size()), {-1, nullptr});
   for (int s = 0; s < stages; ++s) {
-    alone.push_back(simulate_stage(stage_program(p, s, &ids[static_cast<std::size_t>(s)]), hw));
+    alone.push_back(simulate_stage(stage_program(p, s, &ids[static_cast<std::size_t>(s)]), hw, /*overlap=*/false));
   }
   for (int s = 0; s < stages; ++s)
     for (const auto& t : alone[static_cast<std::size_t>(s)].timeline)
@@ -225,8 +253,9 @@ inline Report simulate_pipeline(const SpmdProgram& p, const HardwareProfile& hw)
 
 }  // namespace detail
 
-PARTIR_ENTRY Report simulate(const SpmdProgram& p, const HardwareProfile& hw) {
-  return p.pipeline() ? detail::simulate_pipeline(p, hw) : detail::simulate_stage(p, hw);
+PARTIR_ENTRY Report simulate(const SpmdProgram& p, const HardwareProfile& hw, const SimulateOptions& options) {
+  // The executor runs a pipelined program's stages without a communication stream (ExecuteOptions).
+  return p.pipeline() ? detail::simulate_pipeline(p, hw) : detail::simulate_stage(p, hw, options.overlap);
 }
 #endif
 

@@ -26,6 +26,7 @@
 #include "partir/sharding/rules.hpp"
 #include "partir/spmd/bucket.hpp"
 #include "partir/spmd/pipeline.hpp"
+#include "partir/spmd/schedule.hpp"
 #include "partir/spmd/spmd_program.hpp"
 
 namespace partir {
@@ -33,6 +34,11 @@ namespace partir {
 // What lowering does beyond the plan's own collectives.
 struct LowerOptions {
   std::int64_t bucket_bytes = 0;  // fuse smaller all_reduces into buckets of this size (bucket.hpp); 0: off
+  // Collectives moved up to where their operands are ready, for the executor's communication stream to overlap
+  // with the ops in between; a move that keeps a larger result alive longer stays within prefetch_bytes of such
+  // results in flight (schedule.hpp; one_collective_ahead: the largest one's).
+  bool early_collectives = true;
+  std::int64_t prefetch_bytes = one_collective_ahead;
   friend bool operator==(const LowerOptions&, const LowerOptions&) = default;
 };
 
@@ -650,7 +656,8 @@ class Lowering {
 }  // namespace detail
 
 PARTIR_ENTRY SpmdProgram lower(const Partitioned& plan, const LowerOptions& options) {
-  return bucket_all_reduces(detail::Lowering(plan).run(), options.bucket_bytes);
+  SpmdProgram lowered = bucket_all_reduces(detail::Lowering(plan).run(), options.bucket_bytes);
+  return options.early_collectives ? schedule_collectives(lowered, options.prefetch_bytes) : lowered;
 }
 #endif
 
