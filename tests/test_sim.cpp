@@ -304,7 +304,7 @@ TEST_CASE("simulate: times by hand on a toy step") {
 
   // Two streams: the all_reduce starts when reduce_sum has made its operand (100 ns) and runs while neg w and
   // add compute (80 ns, hidden); the step ends with the all_reduce.
-  const Report two = simulate(toy_step(), unit_profile(), {.overlap = true});
+  const Report two = simulate(toy_step(), unit_profile(), {.overlap = true, .stream_min_bytes = 0});
   CHECK(two.overlap);
   CHECK(two.compute_seconds == doctest::Approx(r.compute_seconds));
   CHECK(two.communication_seconds == doctest::Approx(r.communication_seconds));
@@ -316,8 +316,12 @@ TEST_CASE("simulate: times by hand on a toy step") {
   SpmdProgram waits = toy_step();
   const ValueId loss = waits.outputs()[0].value;
   waits.add({local_op(OpKind::neg, {loss}, waits.type(loss))});
-  const Report after = simulate(waits, unit_profile(), {.overlap = true});
+  const Report after = simulate(waits, unit_profile(), {.overlap = true, .stream_min_bytes = 0});
   CHECK(after.timeline.back().start == doctest::Approx(100e-9 + 2.004e-6));
+  // Below the stream's minimum size, a collective issued while the stream is idle runs inline, serialized.
+  const Report small = simulate(toy_step(), unit_profile(), {.overlap = true, .stream_min_bytes = 5});
+  CHECK(small.step_seconds == doctest::Approx(r.step_seconds));
+  CHECK(small.hidden_communication_seconds < 1e-15);  // rounding of compute + communication - step
 }
 
 // The executor runs a chain of elementwise ops as one blocked loop (runtime/kernels/fusion.hpp); so does the cost.

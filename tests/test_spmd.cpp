@@ -389,7 +389,8 @@ TEST_CASE("async collectives: the communication stream computes what inline coll
     CAPTURE(label);
     for (const SpmdProgram& spmd : {lower(partition(step, mesh, schedule)), lower(partition(step, mesh, schedule), {.bucket_bytes = 1 << 20})}) {
       const auto inline_run = execute_on_threads(spmd, state, {.timeline = true, .async_collectives = false});
-      const auto streamed = execute_on_threads(spmd, state, {.timeline = true, .async_collectives = true});
+      const auto streamed =
+          execute_on_threads(spmd, state, {.timeline = true, .async_collectives = true, .stream_min_bytes = 0});
       for (std::size_t d = 0; d < streamed.size(); ++d) {
         for (const auto& [name, array] : inline_run[d].outputs) CHECK_MESSAGE(array == streamed[d].outputs.at(name), name);
         CHECK(streamed[d].peak_bytes == inline_run[d].peak_bytes);  // counted at last uses, as the simulator does
@@ -422,7 +423,7 @@ TEST_CASE("async collectives: a device that fails while its stream waits in a co
   auto run = [&](threads::Communicator& c) {
     NamedArrays inputs = state;
     if (c.device() == 2) inputs.at("ids") = Array(Shape{8}, std::vector<std::int32_t>(8, 99));
-    execute(spmd, c, inputs, {.async_collectives = true});
+    execute(spmd, c, inputs, {.async_collectives = true, .stream_min_bytes = 0});
   };
   CHECK_THROWS_WITH_AS(threads::run(4, run), doctest::Contains("execute train_step (device 2)"), UserError);
 }

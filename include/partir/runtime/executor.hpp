@@ -28,6 +28,8 @@ struct ExecuteOptions {
   // use of their result; off: each blocks where the program places it. Pipelined programs, whose transfers
   // already do not block the sender, and backends that cannot stream (StreamableCommunicator) run inline.
   bool async_collectives = async_collectives_enabled();
+  // Smaller collectives (the larger of operand and result) run inline while the stream is idle.
+  std::int64_t stream_min_bytes = partir::stream_min_bytes();
 };
 
 // When an op ran, in seconds from the start of execute(). A fused chain is timed at its root.
@@ -275,13 +277,9 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
   std::deque<InFlight> in_flight;  // in issue order: each finishes no later than the next
   std::vector<int> stream_uses(n, 0);
   std::vector<std::int64_t> ticket_of(n, -1);  // values still being made on the stream
-  std::optional<CommStream> stream;  // after what its tasks write: destroyed (joined) first
-  const bool communicates = std::any_of(p.ops().begin(), p.ops().end(), [](const SpmdOp& s) {
-    return s.collective && s.collective->kind != CollectiveKind::all_slice;
-  });
-  if constexpr (StreamableCommunicator<C>)
-    if (options.async_collectives && communicates && comm.streams_collectives())
-      stream.emplace([&comm](const std::string& why) { comm.abort(why); });
+  std::optional<CommStream> stream;  // after what its tasks write: destroyed (joined) first; made at first use
+  bool streams = false;
+  if constexpr (StreamableCommunicator<C>) streams = options.async_collectives && comm.streams_collectives();
   auto release = [&](ValueId dead) {
     auto& buffer = owned[static_cast<std::size_t>(dead)];
     kernels::buffer_cache().give(std::move(*buffer));  // reused by later ops and steps: no fresh pages
@@ -308,10 +306,14 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
     for (ValueId v = 0; v < p.size(); ++v) {
       const SpmdOp& s = p.op(v);
       auto& slot = owned[static_cast<std::size_t>(v)];
-      const bool streamed = stream && s.collective && s.collective->kind != CollectiveKind::all_slice;
+      const bool streamed = streams && s.collective && s.collective->kind != CollectiveKind::all_slice &&
+                            (!in_flight.empty() || std::max(s.op.type.bytes(), p.type(s.op.operands[0]).bytes()) >=
+                                                       options.stream_min_bytes);
       if (s.op.kind == OpKind::input && !s.collective) {
         if (!values[static_cast<std::size_t>(v)]) internal_error(where + ": input %" + std::to_string(v) + " has no binding");
       } else if (streamed) {
+        if constexpr (StreamableCommunicator<C>)
+          if (!stream) stream.emplace([&comm](const std::string& why) { comm.abort(why); });
         const ValueId operand = s.op.operands.at(0);
         slot = kernels::buffer_cache().take(s.op.type);
         InFlight& f = in_flight.emplace_back(InFlight{v, -1, result.collective_seconds.size(), result.timeline.size()});

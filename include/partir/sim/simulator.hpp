@@ -7,7 +7,8 @@
 // Time runs on two streams per device, as the executor runs the program (runtime/comm_stream.hpp): local ops
 // in program order on the compute stream, each starting when its operands are ready; collectives in program
 // order on the communication stream, each starting once the compute stream has issued it and its operand is
-// ready. With overlap off (or in a pipelined program) one stream runs everything in order.
+// ready (a small one while that stream is idle: inline, on the compute stream). With overlap off (or in a
+// pipelined program) one stream runs everything in order.
 #include "partir/config.hpp"
 #include "partir/runtime/comm_stream.hpp"
 #include "partir/sim/cost_model.hpp"
@@ -68,8 +69,10 @@ inline std::string timeline_label(const SpmdOp& s, ValueId v) {
 }
 
 struct SimulateOptions {
-  // Communication on its own stream, overlapping compute (as ExecuteOptions::async_collectives runs it).
+  // Communication on its own stream, overlapping compute (as ExecuteOptions::async_collectives runs it), for
+  // collectives of stream_min_bytes or more and those issued while the stream is busy.
   bool overlap = async_collectives_enabled();
+  std::int64_t stream_min_bytes = partir::stream_min_bytes();
   friend bool operator==(const SimulateOptions&, const SimulateOptions&) = default;
 };
 
@@ -80,7 +83,7 @@ PARTIR_ENTRY Report simulate(const SpmdProgram& p, const HardwareProfile& hw, co
 #if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
-inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bool overlap) {
+inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bool overlap, std::int64_t min_bytes) {
   const Mesh& mesh = p.mesh();
   Report r;
   r.program = p.name();
@@ -153,12 +156,14 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
       if (!overlap) {
         t.start = compute_clock;
         compute_clock += t.seconds;
-      } else if (t.communication) {  // issued once the compute stream reaches it
+      } else if (t.communication && (communication_clock > compute_clock || t.bytes >= static_cast<double>(min_bytes))) {
+        // streamed: issued once the compute stream reaches it
         t.start = std::max({communication_clock, compute_clock, operands_ready});
         communication_clock = t.start + t.seconds;
-      } else {
+      } else {  // a local op, or a small collective inline while the stream is idle
         t.start = std::max(compute_clock, operands_ready);
         compute_clock = t.start + t.seconds;
+        if (t.communication) communication_clock = compute_clock;
       }
       ready[static_cast<std::size_t>(v)] = t.start + t.seconds;
       r.timeline.push_back(std::move(t));
@@ -187,7 +192,7 @@ inline Report simulate_pipeline(const SpmdProgram& p, const HardwareProfile& hw)
   std::vector<std::vector<ValueId>> ids(static_cast<std::size_t>(stages));
   std::vector<std::pair<int, const TimedOp*>> timed(static_cast<std::size_t>(p.size()), {-1, nullptr});
   for (int s = 0; s < stages; ++s) {
-    alone.push_back(simulate_stage(stage_program(p, s, &ids[static_cast<std::size_t>(s)]), hw, /*overlap=*/false));
+    alone.push_back(simulate_stage(stage_program(p, s, &ids[static_cast<std::size_t>(s)]), hw, /*overlap=*/false, 0));
   }
   for (int s = 0; s < stages; ++s)
     for (const auto& t : alone[static_cast<std::size_t>(s)].timeline)
@@ -255,7 +260,7 @@ inline Report simulate_pipeline(const SpmdProgram& p, const HardwareProfile& hw)
 
 PARTIR_ENTRY Report simulate(const SpmdProgram& p, const HardwareProfile& hw, const SimulateOptions& options) {
   // The executor runs a pipelined program's stages without a communication stream (ExecuteOptions).
-  return p.pipeline() ? detail::simulate_pipeline(p, hw) : detail::simulate_stage(p, hw, options.overlap);
+  return p.pipeline() ? detail::simulate_pipeline(p, hw) : detail::simulate_stage(p, hw, options.overlap, options.stream_min_bytes);
 }
 #endif
 
