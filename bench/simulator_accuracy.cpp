@@ -193,8 +193,12 @@ std::string load_average() {
 void report(const std::vector<Result>& results, const Options& o, const std::string& model, const std::string& load) {
   std::printf("# simulator accuracy: %s, backend %s, profile %s\n", model.c_str(), o.backend.c_str(), o.profile.c_str());
   if (!load.empty()) std::printf("# host load average: %s at start, %s at end\n", load.c_str(), load_average().c_str());
-  std::printf("# predicted time: compute and communication serialized; measured: slowest device, best of %d steps\n",
-              o.reps);
+  const std::string time_model =
+      p::async_collectives_enabled()
+          ? "compute and communication on two streams (collectives of " +
+                p::human_bytes(static_cast<double>(p::stream_min_bytes())) + " and more streamed)"
+          : "compute and communication serialized (PARTIR_ASYNC=0)";
+  std::printf("# predicted time: %s; measured: slowest device, best of %d steps\n", time_model.c_str(), o.reps);
   std::printf("%7s  %-8s %-18s %9s %9s %7s %9s %9s %10s %10s %7s\n", "devices", "strategy", "mesh", "pred(ms)",
               "meas(ms)", "err%", "pred comm", "meas comm", "pred(MiB)", "meas(MiB)", "err%");
   std::vector<double> pt, mt, pm, mm;

@@ -65,11 +65,13 @@ struct RunFlags {
   std::string report_path() const { return report == "json" ? report_file : ""; }
 };
 
-// How the training loop reports and computes: --log-every, --plot, --profile, --precision, --bucket-mb.
+// How the training loop reports and computes: --log-every, --plot, --profile, --precision, --bucket-mb,
+// --prefetch-mb.
 struct LoopFlags {
   long log_every = 0;
   std::string plot_dir, profile = "auto", precision = "f32";
   double bucket_mb = 25;
+  double prefetch_mb = -1;
 
   explicit LoopFlags(CLI::App& app) {
     app.add_option("--log-every", log_every, "a progress line every N steps (0: every step up to 20 steps, else steps/10)")
@@ -81,8 +83,14 @@ struct LoopFlags {
         ->check(CLI::IsMember({"f32", "bf16", "f16"}));
     app.add_option("--bucket-mb", bucket_mb, "fuse smaller gradient all_reduces into buckets of this many MiB, as DDP (0: off)")
         ->check(CLI::Range(0.0, 1024.0));
+    app.add_option("--prefetch-mb", prefetch_mb, "extra MiB that collectives moved early may hold, ZeRO-3's gathers "
+                                                 "ahead of their layer (-1: one collective ahead)")
+        ->check(CLI::Range(-1.0, 65536.0));
   }
-  p::LowerOptions lower_options() const { return {.bucket_bytes = static_cast<std::int64_t>(bucket_mb * (1 << 20))}; }
+  p::LowerOptions lower_options() const {
+    return {.bucket_bytes = static_cast<std::int64_t>(bucket_mb * (1 << 20)),
+            .prefetch_bytes = prefetch_mb < 0 ? p::one_collective_ahead : static_cast<std::int64_t>(prefetch_mb * (1 << 20))};
+  }
   long log_every_for(long steps) const { return log_every > 0 ? log_every : steps <= 20 ? 1 : std::max(1L, steps / 10); }
   p::MixedPrecision mixed_precision() const { return p::MixedPrecision::parse(precision, "--precision"); }
 };

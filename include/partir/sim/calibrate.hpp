@@ -19,7 +19,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <limits>
 
 #include "partir/dsl/ops.hpp"
 #include "partir/dsl/trace.hpp"

@@ -9,16 +9,6 @@
 
 namespace partir {
 
-namespace detail {
-inline std::vector<ValueId> select_for(const PartitionState& s, const NameIndex& names, const std::string& selector) {
-  auto values = names.select(selector);
-  if (values.empty())
-    user_error(s.tactic_label() + ": selector '" + selector + "' matches no input or tagged value of program '" +
-               s.program().name() + "'");
-  return values;
-}
-}  // namespace detail
-
 struct TileRequest {
   std::string selector;
   std::int64_t dim = 0;
@@ -53,6 +43,16 @@ struct Replicate {
 };
 
 #if PARTIR_DEFINE_ENTRIES
+namespace detail {
+inline std::vector<ValueId> select_for(const PartitionState& s, const NameIndex& names, const std::string& selector) {
+  auto values = names.select(selector);
+  if (values.empty())
+    user_error(s.tactic_label() + ": selector '" + selector + "' matches no input or tagged value of program '" +
+               s.program().name() + "'");
+  return values;
+}
+}  // namespace detail
+
 PARTIR_ENTRY void ManualPartition::apply(PartitionState& s) const {
   const int a = s.axis(axis);
   const NameIndex names(s.program());

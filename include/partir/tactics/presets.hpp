@@ -34,21 +34,6 @@
 
 namespace partir {
 
-namespace detail {
-// Tiles dim `dim` of every data input of rank >= min_rank on `axis`; how many it tiled.
-inline int tile_data_inputs(PartitionState& s, const std::string& axis, std::int64_t dim, std::int64_t min_rank) {
-  const int a = s.axis(axis);
-  int tiled = 0;
-  for (ValueId v : s.program().inputs()) {
-    const Op& op = s.program().op(v);
-    if (op.attrs.input_kind != InputKind::data || op.type.rank() < min_rank) continue;
-    s.tile(v, dim, a);
-    ++tiled;
-  }
-  return tiled;
-}
-}  // namespace detail
-
 struct DataParallel {
   std::string axis;
   std::string name() const { return "bp(" + axis + ")"; }
@@ -113,6 +98,21 @@ PARTIR_ENTRY Schedule parse_schedule(std::string_view text, const std::string& b
                                const std::string& expert_axis = "expert", const std::string& spatial_axis = "space");
 
 #if PARTIR_DEFINE_ENTRIES
+namespace detail {
+// Tiles dim `dim` of every data input of rank >= min_rank on `axis`; how many it tiled.
+inline int tile_data_inputs(PartitionState& s, const std::string& axis, std::int64_t dim, std::int64_t min_rank) {
+  const int a = s.axis(axis);
+  int tiled = 0;
+  for (ValueId v : s.program().inputs()) {
+    const Op& op = s.program().op(v);
+    if (op.attrs.input_kind != InputKind::data || op.type.rank() < min_rank) continue;
+    s.tile(v, dim, a);
+    ++tiled;
+  }
+  return tiled;
+}
+}  // namespace detail
+
 PARTIR_ENTRY void DataParallel::apply(PartitionState& s) const {
   if (!detail::tile_data_inputs(s, axis, 0, 1))
     user_error(s.tactic_label() + ": program '" + s.program().name() + "' has no data input to tile");

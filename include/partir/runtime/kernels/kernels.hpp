@@ -256,14 +256,15 @@ void convolution(const Array& x, const Array& w, const Attrs& a, Array& out) {
       source[static_cast<std::size_t>(p * K + k)] = inside ? offset : -1;
     }
   }
-  const std::int64_t group = std::clamp<std::int64_t>((std::int64_t{64} << 20) / static_cast<std::int64_t>(sizeof(T)) / std::max<std::int64_t>(P * row, 1), 1, N);
-  std::vector<T> patches(static_cast<std::size_t>(group * P * row));
+  const std::int64_t images_per_gemm = std::clamp<std::int64_t>(
+      (std::int64_t{64} << 20) / static_cast<std::int64_t>(sizeof(T)) / std::max<std::int64_t>(P * row, 1), 1, N);
+  std::vector<T> patches(static_cast<std::size_t>(images_per_gemm * P * row));
   std::vector<T> staged(G > 1 ? patches.size() / static_cast<std::size_t>(row) * static_cast<std::size_t>(Og) : 0);
   const std::vector<std::int64_t> no_batch;
   using Matrix = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using Strided = Eigen::OuterStride<>;
-  for (std::int64_t first = 0; first < N; first += group) {
-    const std::int64_t images = std::min(group, N - first), m = images * P;
+  for (std::int64_t first = 0; first < N; first += images_per_gemm) {
+    const std::int64_t images = std::min(images_per_gemm, N - first), m = images * P;
     for (std::int64_t g = 0; g < G; ++g) {
       for (std::int64_t n = 0; n < images; ++n)
         for (std::int64_t p = 0; p < P; ++p)
