@@ -318,6 +318,12 @@ TEST_CASE("simulate: times by hand on a toy step") {
   waits.add({local_op(OpKind::neg, {loss}, waits.type(loss))});
   const Report after = simulate(waits, unit_profile(), {.overlap = true, .stream_min_bytes = 0});
   CHECK(after.timeline.back().start == doctest::Approx(100e-9 + 2.004e-6));
+  // A CPU's collectives copy on the cores that compute (overlap 0): the compute stream pays their time.
+  HardwareProfile shared_cores = unit_profile();
+  shared_cores.overlap = 0;
+  const Report shared = simulate(toy_step(), shared_cores, {.overlap = true, .stream_min_bytes = 0});
+  CHECK(shared.step_seconds == doctest::Approx(r.step_seconds));
+  CHECK(shared.timeline[3].start == doctest::Approx(100e-9 + 2.004e-6));  // neg w after the stolen time
   // Below the stream's minimum size, a collective issued while the stream is idle runs inline, serialized.
   const Report small = simulate(toy_step(), unit_profile(), {.overlap = true, .stream_min_bytes = 5});
   CHECK(small.step_seconds == doctest::Approx(r.step_seconds));

@@ -257,6 +257,7 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
       cal::op_bandwidth(comm, Op{OpKind::transpose, {0}, swap, tall, ""}, {wide}, o);
   hw.op_overhead = cal::executor_op_seconds(comm, o);
   hw.memory_capacity = static_cast<std::int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / devices;
+  hw.overlap = 0;  // the CPU backends' collectives copy and add on the cores that compute
 
   for (std::int64_t n = 2; n <= devices; ++n) {
     if (devices % n) continue;

@@ -74,6 +74,10 @@ struct HardwareProfile {
   double op_overhead = 0;              // seconds per local op: dispatch, allocation, kernel launch
   std::int64_t memory_capacity = 0;    // bytes per device, 0 if unknown
   std::vector<LinkRule> links;
+  // How much of a collective on the communication stream compute can go on beside: 1 where copy engines and
+  // NICs move the bytes (GPUs), 0 where the device's own cores copy and add them (a CPU: this machine's BP step
+  // is no faster with the stream, bench/step_time). The simulator charges the compute stream the rest.
+  double overlap = 1;
 
   double flops_per_second(DType t) const {
     auto it = peak_flops.find(t);
@@ -154,7 +158,8 @@ struct HardwareProfile {
             .memory_bandwidth = 11e9,
             .op_overhead = 2e-6,
             .memory_capacity = std::int64_t{24} << 30,
-            .links = {{"*", "*", 0, {2e-6, 1 / 4.8e9}}}};
+            .links = {{"*", "*", 0, {2e-6, 1 / 4.8e9}}},
+            .overlap = 0};
   }
   // Public spec sheets (SXM parts; f32 without tensor cores, bf16/f16 dense on tensor cores; bandwidth per
   // direction of one GPU's NVLink;
@@ -267,7 +272,7 @@ PARTIR_ENTRY json::Value HardwareProfile::to_json() const {
   return {{"name", name}, {"source", source}, {"peak_flops", flops}, {"gemm_curve", gemm_curve},
           {"elementwise_flops", elementwise}, {"memory_bandwidth", memory_bandwidth}, {"op_bandwidth", per_op},
           {"cache_curve", cache_curve}, {"op_overhead", op_overhead}, {"memory_capacity", memory_capacity},
-          {"links", rules}};
+          {"links", rules}, {"overlap", overlap}};
 }
 
 PARTIR_ENTRY HardwareProfile HardwareProfile::from_json(const json::Value& v) {
@@ -285,6 +290,7 @@ PARTIR_ENTRY HardwareProfile HardwareProfile::from_json(const json::Value& v) {
   if (auto* curve = json::find(v, "cache_curve")) p.cache_curve = points(*curve, "cache_curve", "[bytes, bytes per second]");
   if (auto* o = json::find(v, "op_overhead")) p.op_overhead = get<double>(*o);
   if (auto* m = json::find(v, "memory_capacity")) p.memory_capacity = get<std::int64_t>(*m);
+  if (auto* o = json::find(v, "overlap")) p.overlap = get<double>(*o);
   const json::Value links = json::at(v, "links");  // a copy: GCC 13 cannot tell the reference outlives "links"
   for (const auto& r : json::as_array(links)) {
     LinkRule rule;

@@ -157,9 +157,10 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
         t.start = compute_clock;
         compute_clock += t.seconds;
       } else if (t.communication && (communication_clock > compute_clock || t.bytes >= static_cast<double>(min_bytes))) {
-        // streamed: issued once the compute stream reaches it
+        // streamed: issued once the compute stream reaches it; the compute stream pays what it cannot overlap
         t.start = std::max({communication_clock, compute_clock, operands_ready});
         communication_clock = t.start + t.seconds;
+        compute_clock += (1 - hw.overlap) * t.seconds;
       } else {  // a local op, or a small collective inline while the stream is idle
         t.start = std::max(compute_clock, operands_ready);
         compute_clock = t.start + t.seconds;

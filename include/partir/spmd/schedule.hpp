@@ -112,7 +112,7 @@ PARTIR_ENTRY SpmdProgram schedule_collectives(const SpmdProgram& p, std::int64_t
     const ValueId c = g.members.back();
     std::int64_t bytes = p.type(c).bytes();
     for (auto m : g.members)
-      if (m != c && m < j) bytes -= p.type(m).bytes();
+      if (m != c && m < j && at(last_use, m) > j) bytes -= p.type(m).bytes();
     for (auto o : g.released)
       if (at(last_use, o) > j) bytes -= p.type(o).bytes();
     return bytes;
