@@ -964,6 +964,72 @@ TEST_CASE("runtime: every GEMM engine built in agrees with Eigen and the definit
   set_gemm_engine(best_gemm_engine());
 }
 
+TEST_CASE("runtime: convolutions agree on every GEMM engine; oneDNN runs convolutions and flipped (input-gradient) ones as primitives") {
+  Rng rng(23);
+  auto draw = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
+  std::size_t expect_primitive = 0, expect_fallback = 0;
+  onednn::clear_cache();
+  for (int trial = 0; trial < 60; ++trial) {
+    // x [N, spatial..., C] * w [window..., C / G, O], padding from -1 to 3, strides and dilations up to 3 and 2;
+    // flipped windows with input dilation (a strided convolution's input gradient) or a stride (neither primitive).
+    const auto spatial = static_cast<std::size_t>(draw(1, 3));
+    const std::int64_t groups = draw(1, 3), C = groups * draw(1, 4), O = groups * draw(1, 4);
+    ConvDims c{{}, {}, {}, draw(0, 1) == 1, groups};
+    Shape x{draw(1, 3)}, w;
+    std::vector<std::int64_t> lo, hi;
+    for (std::size_t d = 0; d < spatial; ++d) {
+      const std::int64_t size = draw(1, spatial == 3 ? 5 : 9), taps = draw(1, 4);
+      c.strides.push_back(c.flip && draw(0, 3) > 0 ? 1 : draw(1, 3));
+      c.lhs_dilation.push_back(draw(0, 2) == 0 ? draw(2, 3) : 1);
+      c.rhs_dilation.push_back(draw(1, 2));
+      lo.push_back(draw(-1, 3));
+      hi.push_back(std::max((taps - 1) * c.rhs_dilation.back() + 1 - (size - 1) * c.lhs_dilation.back() - 1 - lo.back(), draw(-1, 3)));
+      x.push_back(size);
+      w.push_back(taps);
+    }
+    x.push_back(C);
+    w.insert(w.end(), {C / groups, O});
+    const auto ones = [](const std::vector<std::int64_t>& v) { return std::all_of(v.begin(), v.end(), [](auto e) { return e == 1; }); };
+    // oneDNN's padding: a flipped window's is (K - 1) d less partir's; negative padding it may decline.
+    bool padded = true;
+    for (std::size_t d = 0; d < spatial; ++d) {
+      const std::int64_t span = c.flip ? (w[d] - 1) * c.rhs_dilation[d] : 0;
+      padded = padded && (c.flip ? span - lo[d] : lo[d]) >= 0 && (c.flip ? span - hi[d] : hi[d]) >= 0;
+    }
+    const bool qualifies = ones(c.flip ? c.strides : c.lhs_dilation);
+    for (DType dt : float_dtypes) {
+      const Program f = trace("conv", [&](Tensor a, Tensor b) { return conv_general(a, b, c, lo, hi); }, {{"x", x, dt}, {"w", w, dt}});
+      const NamedArrays in{{"x", random_array(rng, {x, dt})}, {"w", random_array(rng, {w, dt})}};
+      set_gemm_engine(GemmEngine::eigen);
+      const Array eigen = interpret(f, in).begin()->second;
+      const onednn::CacheStats before = onednn::cache_stats();
+      for (GemmEngine e : all_gemm_engines)
+        if (built_in(e) && e != GemmEngine::eigen) {
+          set_gemm_engine(e);
+          check_close(interpret(f, in).begin()->second, eigen,
+                      std::string(name_of(e)) + " vs eigen: " + to_string(f.type(f.outputs().at(0).value)) + " from " +
+                          describe({in.at("x"), in.at("w")}) + (c.flip ? " flipped" : ""));
+        }
+      if (built_in(GemmEngine::onednn) && (dt == DType::f32 || dt == DType::bf16)) {
+        const onednn::CacheStats after = onednn::cache_stats();
+        const std::size_t made = after.convolutions - before.convolutions;
+        if (!qualifies) CHECK(made == 0);
+        if (qualifies && padded) CHECK(made == 1);
+        expect_primitive += made;
+        expect_fallback += !qualifies;
+      }
+    }
+  }
+  if (built_in(GemmEngine::onednn)) {
+    const onednn::CacheStats stats = onednn::cache_stats();
+    MESSAGE("oneDNN convolution primitives: " << stats.convolutions << " (" << stats.rejected_convolutions << " declined, "
+                                              << expect_fallback << " by im2col)");
+    CHECK(stats.convolutions == expect_primitive);  // no other convolution made one
+    CHECK((expect_primitive > 0 && expect_fallback > 0));
+  }
+  set_gemm_engine(best_gemm_engine());
+}
+
 TEST_CASE("runtime: GEMM engines by name") {
   for (GemmEngine e : all_gemm_engines)
     if (built_in(e)) CHECK(parse_gemm_engine(name_of(e)) == e);

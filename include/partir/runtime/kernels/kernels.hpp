@@ -4,8 +4,8 @@
 // Float math is instantiated for f32 and f64 only; ops that move, compare or sum data also take i32.
 // bf16 and f16 are storage types: ops that move data copy their 16-bit words, every other op widens its
 // 16-bit operands to f32, runs the f32 kernel and rounds the result back (eval_in_f32), so elementwise math
-// runs in f32 registers and sums and dots accumulate in f32. A bf16 dot_general is one oneDNN bf16 matmul
-// (f32 accumulation) where the engine allows it.
+// runs in f32 registers and sums and dots accumulate in f32. A bf16 dot_general or convolution is one oneDNN
+// bf16 primitive (f32 accumulation) where the engine allows it.
 // Every layout op (broadcast, transpose, slice, pad, concatenate) is one strided copy, and dot_general is
 // one batched oneDNN matmul or a loop of GEMMs (BLAS or Eigen; see gemm_engine.hpp) on the operands in place
 // wherever their layout allows it.
@@ -216,8 +216,23 @@ void scatter_add(const Array& indices, const Array& updates, Array& out) {
 // Below this many rows + contracting + columns a GEMM is a few sums, computed in a fixed order (see batched_gemm).
 inline constexpr std::int64_t gemm_min_size = 20;
 
+// The convolution below by oneDNN's convolution primitives when that is the GEMM engine in use and oneDNN takes
+// T and the geometry (onednn::convolution); false otherwise.
+template <class T>
+bool onednn_convolution(const Array& x, const Array& w, const Attrs& a, Array& out) {
+  if (gemm_engine() != GemmEngine::onednn) return false;
+  const auto spatial = static_cast<std::ptrdiff_t>(x.shape().size()) - 2;
+  const auto& c = a.conv;
+  const onednn::Convolution geometry{x.shape()[0], x.shape().back(), w.shape().back(), c.feature_groups,
+                                     Shape(x.shape().begin() + 1, x.shape().end() - 1),
+                                     Shape(w.shape().begin(), w.shape().begin() + spatial),
+                                     Shape(out.shape().begin() + 1, out.shape().end() - 1), c.strides, c.lhs_dilation,
+                                     c.rhs_dilation, a.lo, a.hi, c.flip};
+  return onednn::convolution<T>(geometry, ptr<T>(x), ptr<T>(w), ptr<T>(out));
+}
+
 // x [N, spatial..., C], w [window..., C / G, O] -> out [N, spatial'..., O] (ConvDims in op.hpp; G feature groups).
-// im2col: row p of an image's patches holds its group's C / G features under each tap of output position p's
+// oneDNN's primitives where they apply (above), else im2col: row p of an image's patches holds its group's C / G features under each tap of output position p's
 // window (zeros off the input or between dilated elements), taps major; then per group one GEMM
 // [images x P, taps x C/G] x [taps x C/G, O/G] on the GEMM engine in use (gemm_engine.hpp), the kernel's and the
 // result's columns of the group strided by O, per batch of images whose patches fit in 64 MiB.
@@ -230,7 +245,7 @@ void convolution(const Array& x, const Array& w, const Attrs& a, Array& out) {
   const Shape in(x.shape().begin() + 1, x.shape().end() - 1), taps(w.shape().begin(), w.shape().begin() + static_cast<std::ptrdiff_t>(spatial)),
       positions(out.shape().begin() + 1, out.shape().end() - 1);
   const std::int64_t P = num_elements(positions), K = num_elements(taps), X = num_elements(in), row = K * Cg;
-  if (N * P * O == 0) return;
+  if (N * P * O == 0 || onednn_convolution<T>(x, w, a, out)) return;
   const Strides in_strides = row_major_strides(in);
   // The input position each (output position, tap) reads, -1 for padding and dilation holes: the same in every image.
   std::vector<std::int64_t> source(static_cast<std::size_t>(P * K));
@@ -565,9 +580,12 @@ PARTIR_ENTRY Array eval(const Op& op, std::span<const Array* const> operands) {
   const Array& x = *operands[0];
   const auto& a = op.attrs;
   if ((is_half(op.type.dtype) || is_half(x.dtype())) && !k::moves_data(op.kind)) {
-    if (op.kind == K::dot_general && op.type.dtype == DType::bf16) {
+    const bool bf16_matmul = op.kind == K::dot_general && op.type.dtype == DType::bf16;
+    if (bf16_matmul || (op.kind == K::convolution && op.type.dtype == DType::bf16)) {  // operands of one dtype
       Array out = k::buffer_cache().take(op.type);
-      if (k::dot_general<bf16>(x, *operands[1], a.dot, out)) return out;
+      if (bf16_matmul ? k::dot_general<bf16>(x, *operands[1], a.dot, out)
+                      : out.size() > 0 && k::onednn_convolution<bf16>(x, *operands[1], a, out))
+        return out;
       k::buffer_cache().give(std::move(out));
     }
     return k::eval_in_f32(op, operands);

@@ -9,6 +9,7 @@
 // - Threads: Debian's oneDNN runs on OpenMP, whose team size is a per-thread setting. Each calling thread
 //   sets its own to kernel_threads(), so N devices on the threads backend run N teams of budget / N threads
 //   and never oversubscribe the cores.
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <unordered_map>
@@ -33,10 +34,20 @@ struct Operand {
   std::int64_t leading = 1;
 };
 
-// A thread's primitive cache: layouts with a primitive, and layouts oneDNN rejected (run elsewhere).
+// A thread's primitive cache: layouts with a primitive, and layouts oneDNN rejected (run elsewhere); matmuls
+// and convolutions apart.
 struct CacheStats {
-  std::size_t primitives = 0, rejected = 0;
+  std::size_t primitives = 0, rejected = 0, convolutions = 0, rejected_convolutions = 0;
   bool operator==(const CacheStats&) const = default;
+};
+
+// A convolution in partir's layouts (ConvDims in op.hpp): x [N, in..., C] convolved with a kernel
+// [window..., C / G, O] (taps reversed when flipped) into [N, out..., O]; per spatial dim a stride, an input
+// (lhs) and a window (rhs) dilation and the padding before (lo) and after (hi).
+struct Convolution {
+  std::int64_t images = 0, in_features = 0, out_features = 0, groups = 1;
+  std::vector<std::int64_t> in, window, out, strides, lhs_dilation, rhs_dilation, lo, hi;
+  bool flip = false;
 };
 
 #ifdef PARTIR_USE_ONEDNN
@@ -58,6 +69,13 @@ struct Primitive {
   dnnl::memory::desc a, b, c;
 };
 
+// A convolution or deconvolution (see convolution() below) and the layouts it reads and writes: the kernel is
+// reordered into `weights` (oneDNN's blocked layout of choice) when that differs from partir's `user_weights`.
+struct ConvPrimitive {
+  dnnl::primitive primitive;
+  dnnl::memory::desc src, user_weights, weights, dst;
+};
+
 struct KeyHash {
   std::size_t operator()(const std::vector<std::int64_t>& key) const {
     std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the words
@@ -71,6 +89,7 @@ struct ThreadContext {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
   std::unordered_map<std::vector<std::int64_t>, std::optional<Primitive>, KeyHash> primitives;  // nullopt: unsupported
+  std::unordered_map<std::vector<std::int64_t>, std::optional<ConvPrimitive>, KeyHash> convolutions;
 };
 
 inline ThreadContext& context() {
@@ -96,6 +115,80 @@ std::optional<Primitive> create(dnnl::engine& engine, const dnnl::memory::dims& 
   }
 }
 
+// The layouts partir keeps: activations [N, spatial..., features] (oneDNN's dims [N, features, spatial...]
+// with those strides) and the kernel [window..., C / G, O] (dims [G, O / G, C / G, window...], or [O, C, window...]).
+inline dnnl::memory::desc activations(dnnl::memory::data_type t, std::int64_t images, std::int64_t features,
+                                      const std::vector<std::int64_t>& sizes) {
+  dnnl::memory::dims dims{images, features}, strides{0, 1};
+  dims.insert(dims.end(), sizes.begin(), sizes.end());
+  strides.resize(dims.size());
+  std::int64_t stride = features;
+  for (std::size_t i = sizes.size(); i-- > 0;) strides[i + 2] = stride, stride *= sizes[i];
+  strides[0] = stride;
+  return {dims, t, strides};
+}
+inline std::pair<dnnl::memory::dims, dnnl::memory::dims> kernel_layout(const Convolution& c) {
+  const std::int64_t G = c.groups, Cg = c.in_features / G, O = c.out_features, Og = O / G;
+  dnnl::memory::dims dims = G > 1 ? dnnl::memory::dims{G, Og, Cg} : dnnl::memory::dims{O, Cg};
+  dnnl::memory::dims strides = G > 1 ? dnnl::memory::dims{Og, 1, O} : dnnl::memory::dims{1, O};
+  const std::size_t first = strides.size();
+  dims.insert(dims.end(), c.window.begin(), c.window.end());
+  strides.resize(dims.size());
+  std::int64_t stride = Cg * O;
+  for (std::size_t i = c.window.size(); i-- > 0;) strides[first + i] = stride, stride *= c.window[i];
+  return {dims, strides};
+}
+
+// A flipped kernel is a deconvolution's (the input gradient of a convolution: oneDNN's backward data as a
+// forward primitive): output position p reads input position i through tap k where p = i s + k d - pl, s
+// the input dilation; reversing the taps of `convolution`'s definition gives pl = (K - 1) d - lo, pr likewise.
+template <class T>
+std::optional<ConvPrimitive> create_convolution(dnnl::engine& engine, const Convolution& c) {
+  using dims = dnnl::memory::dims;
+  constexpr auto t = DataType<T>::value;
+  try {
+    const auto [kernel_dims, kernel_strides] = kernel_layout(c);
+    ConvPrimitive p{{}, activations(t, c.images, c.in_features, c.in), {kernel_dims, t, kernel_strides}, {},
+                    activations(t, c.images, c.out_features, c.out)};
+    const dnnl::memory::desc any_kernel{kernel_dims, t, dnnl::memory::format_tag::any};
+    dims strides = c.flip ? c.lhs_dilation : c.strides, dilation, pl = c.lo, pr = c.hi;
+    for (std::size_t i = 0; i < c.window.size(); ++i) {
+      dilation.push_back(c.rhs_dilation[i] - 1);  // oneDNN counts the holes between taps
+      if (c.flip) {
+        pl[i] = (c.window[i] - 1) * c.rhs_dilation[i] - c.lo[i];
+        pr[i] = (c.window[i] - 1) * c.rhs_dilation[i] - c.hi[i];
+      }
+    }
+    using dnnl::prop_kind;
+#if DNNL_VERSION_MAJOR >= 3
+    if (c.flip) {
+      dnnl::deconvolution_forward::primitive_desc pd(engine, prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct,
+                                                     p.src, any_kernel, p.dst, strides, dilation, pl, pr);
+      p.weights = pd.weights_desc(), p.primitive = dnnl::deconvolution_forward(pd);
+    } else {
+      dnnl::convolution_forward::primitive_desc pd(engine, prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
+                                                   p.src, any_kernel, p.dst, strides, dilation, pl, pr);
+      p.weights = pd.weights_desc(), p.primitive = dnnl::convolution_forward(pd);
+    }
+#else
+    if (c.flip) {
+      dnnl::deconvolution_forward::primitive_desc pd(
+          {prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct, p.src, any_kernel, p.dst, strides, dilation, pl, pr},
+          engine);
+      p.weights = pd.weights_desc(), p.primitive = dnnl::deconvolution_forward(pd);
+    } else {
+      dnnl::convolution_forward::primitive_desc pd(
+          {prop_kind::forward_inference, dnnl::algorithm::convolution_direct, p.src, any_kernel, p.dst, strides, dilation, pl, pr},
+          engine);
+      p.weights = pd.weights_desc(), p.primitive = dnnl::convolution_forward(pd);
+    }
+#endif
+    return p;
+  } catch (const dnnl::error&) {
+    return std::nullopt;  // e.g. negative padding: the caller computes it another way
+  }
+}
+
 }  // namespace detail
 
 // OpenMP threads a oneDNN primitive called from this thread runs on now.
@@ -105,10 +198,14 @@ inline int team_size() { return omp_get_max_threads(); }
 inline CacheStats cache_stats() {
   CacheStats s;
   for (const auto& [key, p] : detail::context().primitives) ++(p ? s.primitives : s.rejected);
+  for (const auto& [key, p] : detail::context().convolutions) ++(p ? s.convolutions : s.rejected_convolutions);
   return s;
 }
 // Frees this thread's primitives (they are made again on use).
-inline void clear_cache() { detail::context().primitives.clear(); }
+inline void clear_cache() {
+  detail::context().primitives.clear();
+  detail::context().convolutions.clear();
+}
 
 inline constexpr std::size_t max_cached_primitives = 4096;
 
@@ -154,6 +251,43 @@ bool matmul(const std::vector<std::int64_t>& batch, const Operand& a, const Oper
   }
 }
 
+// The convolution `c` by oneDNN's convolution primitives (the kernel reordered into the layout the primitive
+// chose, activations in place). Returns false when this build has no oneDNN, oneDNN has no primitive for T or
+// this geometry, or it is neither a convolution (no input dilation) nor a deconvolution (flipped, stride 1).
+template <class T>
+bool convolution(const Convolution& c, const T* x, const T* w, T* out) {
+  if constexpr (!DataType<T>::supported) {
+    return false;
+  } else {
+    auto all_ones = [](const std::vector<std::int64_t>& v) { return std::all_of(v.begin(), v.end(), [](auto e) { return e == 1; }); };
+    if (c.in.empty() || c.in.size() > 3 || !all_ones(c.flip ? c.strides : c.lhs_dilation)) return false;
+    const int threads = kernel_threads();
+    if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
+    std::vector<std::int64_t> key{static_cast<std::int64_t>(DataType<T>::value), threads, c.flip, c.images, c.in_features,
+                                  c.out_features, c.groups};
+    for (const auto* part : {&c.in, &c.window, &c.out, &c.strides, &c.lhs_dilation, &c.rhs_dilation, &c.lo, &c.hi})
+      key.insert(key.end(), part->begin(), part->end());
+    auto& ctx = detail::context();
+    auto it = ctx.convolutions.find(key);
+    if (it == ctx.convolutions.end()) {
+      if (ctx.convolutions.size() >= max_cached_primitives) ctx.convolutions.clear();
+      it = ctx.convolutions.emplace(key, detail::create_convolution<T>(ctx.engine, c)).first;
+    }
+    if (!it->second) return false;
+    const detail::ConvPrimitive& p = *it->second;
+    dnnl::memory xm(p.src, ctx.engine, const_cast<T*>(x)), wm(p.user_weights, ctx.engine, const_cast<T*>(w));
+    dnnl::memory om(p.dst, ctx.engine, out);
+    if (p.weights != p.user_weights) {
+      dnnl::memory reordered(p.weights, ctx.engine);
+      dnnl::reorder(wm, reordered).execute(ctx.stream, wm, reordered);
+      wm = reordered;
+    }
+    p.primitive.execute(ctx.stream, {{DNNL_ARG_SRC, xm}, {DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_DST, om}});
+    ctx.stream.wait();
+    return true;
+  }
+}
+
 #else
 
 inline int team_size() { return 0; }
@@ -162,6 +296,10 @@ inline void clear_cache() {}
 template <class T>
 bool matmul(const std::vector<std::int64_t>&, const Operand&, const Operand&, std::int64_t, std::int64_t, std::int64_t,
             const T*, const T*, T*) {
+  return false;
+}
+template <class T>
+bool convolution(const Convolution&, const T*, const T*, T*) {
   return false;
 }
 
