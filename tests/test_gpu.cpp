@@ -143,6 +143,53 @@ std::vector<DotCase> dot_cases() {
   };
 }
 
+// Windowed ops: convolutions (strides, padding negative too, both dilations, flipped, feature groups) and
+// poolings (strided, padded, base- and window-dilated), with their operand shapes.
+struct WindowCase {
+  OpKind kind;
+  Shape x, w;  // w: a convolution's kernel, else the window's result (select_and_scatter's g)
+  Attrs attrs;
+};
+std::vector<WindowCase> window_cases() {
+  auto conv = [](Shape x, Shape w, ConvDims c, std::vector<std::int64_t> lo, std::vector<std::int64_t> hi) {
+    Attrs a;
+    a.conv = std::move(c), a.lo = std::move(lo), a.hi = std::move(hi);
+    return WindowCase{OpKind::convolution, std::move(x), std::move(w), a};
+  };
+  auto pool = [](OpKind kind, Shape x, WindowDims w, std::vector<std::int64_t> lo, std::vector<std::int64_t> hi) {
+    Attrs a;
+    a.window = std::move(w), a.lo = std::move(lo), a.hi = std::move(hi);
+    return WindowCase{kind, std::move(x), {}, a};
+  };
+  std::vector<WindowCase> cases{
+      conv({2, 5, 6, 3}, {3, 2, 3, 4}, {{2, 1}, {1, 1}, {1, 2}}, {1, 0}, {1, 2}),
+      conv({3, 7, 2}, {2, 2, 5}, {{3}, {1}, {1}}, {2}, {0}),
+      conv({1, 4, 4, 2}, {2, 2, 2, 3}, {{1, 2}, {2, 3}, {1, 1}, true}, {1, 0}, {-1, 2}),
+      conv({2, 5, 4, 6}, {3, 2, 2, 9}, {{2, 1}, {1, 1}, {1, 1}, false, 3}, {1, 0}, {1, 1}),
+      conv({1, 6, 5, 4}, {3, 3, 1, 8}, {{1, 1}, {1, 2}, {2, 1}, true, 4}, {2, 1}, {2, -1}),
+      conv({2, 4, 3, 3, 2}, {2, 2, 2, 2, 3}, {{1, 2, 1}, {1, 1, 1}, {1, 1, 2}}, {1, 0, 1}, {0, 1, 1}),
+  };
+  for (OpKind kind : {OpKind::reduce_window_sum, OpKind::reduce_window_max, OpKind::select_and_scatter}) {
+    cases.push_back(pool(kind, {2, 6, 5, 3}, {{1, 3, 2, 1}, {1, 2, 1, 1}, {1, 1, 1, 1}, {1, 1, 2, 1}}, {0, 1, 0, 0}, {0, 1, 1, 0}));
+    cases.push_back(pool(kind, {4, 8, 8, 2}, {{1, 2, 2, 1}, {1, 2, 2, 1}, {1, 1, 1, 1}, {1, 1, 1, 1}}, {0, 0, 0, 0}, {0, 0, 0, 0}));
+    if (kind != OpKind::select_and_scatter)  // base dilation: pooling only (its gradient is refused)
+      cases.push_back(pool(kind, {3, 7}, {{2, 3}, {1, 2}, {2, 1}, {1, 1}}, {-1, 1}, {0, 2}));
+  }
+  return cases;
+}
+// The operands of a window case: x, then the kernel or (select_and_scatter) one value per window.
+std::vector<Array> window_operands(Rng& rng, const WindowCase& c, DType t) {
+  std::vector<Array> args{random_array(rng, {c.x, t})};
+  if (c.kind == OpKind::convolution) {
+    args.push_back(random_array(rng, {c.w, t}));
+  } else if (c.kind == OpKind::select_and_scatter) {
+    NamedArrays inputs;
+    const Program p = one_op(OpKind::reduce_window_max, args, c.attrs, inputs);
+    args.push_back(random_array(rng, p.type(p.outputs().at(0).value)));
+  }
+  return args;
+}
+
 #define CHECK_GPU_OP(kind, args, ...)                                     \
   do {                                                                    \
     INFO(describe(kind, args));                                           \
@@ -421,6 +468,47 @@ TEST_SUITE("host") {
     }
   }
 
+  TEST_CASE("views: convolutions and poolings through the kernels' window function equal the CPU kernels") {
+    Rng rng(17);
+    for (const WindowCase& c : window_cases()) {
+      const std::vector<Array> args = window_operands(rng, c, DType::f64);
+      INFO(describe(c.kind, args));
+      NamedArrays inputs;
+      const Array want = interpret(one_op(c.kind, args, c.attrs, inputs), inputs).at("y");
+      Array got(want.type());
+      const Array& x = args[0];
+      if (c.kind == OpKind::convolution) {  // the kernel's threads: one per output element [n, p, o]
+        const gpu::WindowShape s = gpu::convolution_shape(x.shape(), c.w, want.shape(), c.attrs);
+        const std::int64_t C = x.shape().back(), O = c.w.back(), G = c.attrs.conv.feature_groups, X = x.size() / x.shape()[0] / C;
+        for (std::int64_t i = 0; i < want.size(); ++i) {
+          const std::int64_t o = i % O, p = i / O % s.positions, n = i / O / s.positions;
+          double sum = 0;
+          for (std::int64_t t = 0; t < s.taps; ++t)
+            if (const std::int64_t at = gpu::window_source(s, p, t); at >= 0)
+              for (std::int64_t ch = 0; ch < C / G; ++ch)
+                sum += x.at((n * X + at) * C + o / (O / G) * (C / G) + ch) * args[1].at((t * (C / G) + ch) * O + o);
+          got.set(i, sum);
+        }
+      } else {  // one thread per window
+        const bool scatter = c.kind == OpKind::select_and_scatter;
+        const gpu::WindowShape s =
+            gpu::window_shape(c.kind, x.shape(), c.attrs.window.window, scatter ? args[1].shape() : want.shape(), c.attrs);
+        for (std::int64_t p = 0; p < s.positions; ++p) {
+          double r = c.kind == OpKind::reduce_window_sum ? 0 : -INFINITY;
+          std::int64_t best = -1;
+          for (std::int64_t t = 0; t < s.taps; ++t)
+            if (const std::int64_t at = gpu::window_source(s, p, t); at >= 0) {
+              if (c.kind == OpKind::reduce_window_sum) r += x.at(at);
+              else if (best < 0 || x.at(at) > r) r = x.at(at), best = at;
+            }
+          if (!scatter) got.set(p, r);
+          else if (best >= 0) got.set(best, got.at(best) + args[1].at(p));
+        }
+      }
+      CHECK(error(got, want) <= 1e-12);
+    }
+  }
+
   TEST_CASE("gemm plans: the cuBLAS call, run through a reference of cuBLAS's semantics, equals dot_general") {
     Rng rng(14);
     for (const auto& d : dot_cases()) {
@@ -617,6 +705,17 @@ TEST_SUITE("device") {
       CHECK(gpu_vs_cpu(OpKind::scatter_add, std::vector{indices, random_array(rng, {{2, 20, 16}, t})}, a) <=
             (is_half(t) ? 4 : 1) * tolerance(t));
     }
+  }
+
+  TEST_CASE("gpu: convolutions and poolings (strided, padded, dilated, flipped, grouped) match the CPU kernels") {
+    Rng rng(18);
+    for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16})
+      for (const WindowCase& c : window_cases()) {
+        const std::vector<Array> args = window_operands(rng, c, t);
+        INFO(describe(c.kind, args));
+        // 16-bit select_and_scatter: atomics add in 16 bits where windows overlap (up to 2 here), the CPU in f32.
+        CHECK(gpu_vs_cpu(c.kind, args, c.attrs) <= (c.kind == OpKind::select_and_scatter && is_half(t) ? 3 : 1) * tolerance(t));
+      }
   }
 
   TEST_CASE("gpu: an out-of-range gather index is a user error, as on the CPU") {

@@ -6,7 +6,8 @@
 #      the times are NCCL's local-copy latency);
 #   3. gpt_train on the GPU against the same run on CPU threads (same seed: the losses must agree);
 #   4. mlp_train with large GEMMs on the GPU, fp32, TF32 and bf16: step time, the GPU ops' TFLOP/s and % of peak;
-#   5. gpt_train --precision bf16 on the GPU against the CPU.
+#   5. gpt_train --precision bf16 on the GPU against the CPU;
+#   6. unet_train (convolutions) on the GPU against the CPU.
 # Where Eigen, nlohmann-json, CLI11 and doctest are missing (the device tool's machines), run tools/gpu_deps.sh
 # on a machine that has them and bring .devdeps/ along.
 # Logs and a summary go to gpu-check-out/, and packed into $OUT (the device tool's folder) where it is set.
@@ -67,7 +68,7 @@ else
 fi || { say "FAIL: meson setup (see setup.log)"; tail -30 "$out/setup.log" | tee -a "$summary"; exit 1; }
 grep -A6 "Backends" "$out/setup.log" | tee -a "$summary"
 start=$(date +%s)
-timeout 240 ninja -C build-gpu -j"$jobs" tests/test_gpu bench/collectives examples/gpt_train examples/mlp_train \
+timeout 240 ninja -C build-gpu -j"$jobs" tests/test_gpu bench/collectives examples/gpt_train examples/mlp_train examples/unet_train \
   > "$out/build.log" 2>&1 || { say "FAIL: build (see build.log)"; grep -E -A3 "error|FAILED" "$out/build.log" | head -40 | tee -a "$summary"; exit 1; }
 say "build: $(( $(date +%s) - start )) s"
 
@@ -145,6 +146,12 @@ done
 timeout 60 build-gpu/examples/gpt_train --backend nccl --steps $steps --precision bf16 > "$out/gpt_bf16_nccl.txt" 2>&1
 timeout 90 build-gpu/examples/gpt_train --backend threads --steps $steps --precision bf16 > "$out/gpt_bf16_cpu.txt" 2>&1
 compare_losses "gpt_train bf16" gpt_bf16_nccl gpt_bf16_cpu 3e-2
+
+# 7. unet_train (strided and input-dilated convolutions: the direct CUDA kernel, no cuDNN) on the GPU
+# against the CPU, same seed: the sums run in another order, so the losses agree to 1e-3.
+timeout 60 build-gpu/examples/unet_train --backend nccl --steps 40 > "$out/unet_nccl.txt" 2>&1
+timeout 60 build-gpu/examples/unet_train --backend threads --steps 40 > "$out/unet_cpu.txt" 2>&1
+compare_losses "unet_train" unet_nccl unet_cpu 1e-3
 
 say "gpu_check: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status

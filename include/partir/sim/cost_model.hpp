@@ -8,8 +8,8 @@
 //   rate for the rest), the
 //   bandwidth of the op's kind where the profile has one (strided copies), else memory_bandwidth, scaled by
 //   the profile's cache curve at this working set.
-//   A convolution: 2 x output elements x input features x window taps FLOPs, at the GEMM rate of its im2col
-//   GEMM ([positions, taps x features] x [taps x features, out features] per image).
+//   A convolution: 2 x output elements x input features x window taps FLOPs, at the GEMM rate of the GEMM
+//   it amounts to ([positions, taps x features] x [taps x features, out features] per image).
 //   Collectives: ring algorithms on a group of n devices, S = the larger of the local operand and result
 //   buffers, one alpha-beta link: all_gather, reduce_scatter and all_to_all (n-1)(alpha + beta S/n),
 //   all_reduce twice that, or the link's measured times where it has them; all_slice communicates nothing
@@ -64,7 +64,8 @@ inline Work local_work(const Op& op, std::span<const TensorType> in) {
   if (op.kind == OpKind::add_n) w.flops = static_cast<double>(op.type.elements()) * static_cast<double>(in.size() - 1);
   if (op.kind == OpKind::dot_general) w.gemm_dim = gemm_dim(op.attrs.dot, in[0].shape, in[1].shape);
   // A convolution is a multiply-add per output element, input feature of its group and window tap, computed as
-  // the GEMMs [images x positions, taps x C/G] x [taps x C/G, O/G] (the CPU kernel's im2col, per group).
+  // the GEMMs [images x positions, taps x C/G] x [taps x C/G, O/G] (im2col's, per group; oneDNN's primitives
+  // block the same products).
   if (op.kind == OpKind::convolution) {
     const double taps_features = static_cast<double>(in[1].elements() / in[1].shape.back());
     const std::int64_t O = op.type.shape.back();

@@ -163,8 +163,6 @@ class Runner {
     switch (op.kind) {
       case K::input: case K::count_:
         internal_error("gpu executor: no kernel for " + std::string(name_of(op.kind)));
-      case K::convolution: case K::reduce_window_sum: case K::reduce_window_max: case K::select_and_scatter:
-        user_error(std::string(name_of(op.kind)) + ": no GPU kernel yet; run it on the threads or mpi backend");
       case K::constant:
         if (a.literal.size() == 1) {
           launch::fill(op.type.dtype, a.literal[0], out.data, n, stream_);
@@ -241,6 +239,21 @@ class Runner {
         }
         break;
       }
+      case K::convolution: {
+        const Shape& w = in[1]->type.shape;
+        launch::convolution(op.type.dtype, convolution_shape(x->type.shape, w, op.type.shape, a), x->type.shape.front(),
+                            x->type.shape.back(), w.back(), a.conv.feature_groups, x->data, in[1]->data, out.data, stream_);
+        break;
+      }
+      case K::reduce_window_sum: case K::reduce_window_max:
+        launch::reduce_window(op.kind == K::reduce_window_max, op.type.dtype,
+                              window_shape(op.kind, x->type.shape, a.window.window, op.type.shape, a), x->data, out.data, stream_);
+        break;
+      case K::select_and_scatter:  // x, g (one value per window) -> x's shape
+        check_cuda(cudaMemsetAsync(out.data, 0, static_cast<std::size_t>(op.type.bytes()), stream_), "cudaMemsetAsync");
+        launch::select_and_scatter(op.type.dtype, window_shape(op.kind, x->type.shape, a.window.window, in[1]->type.shape, a),
+                                   x->data, in[1]->data, out.data, stream_);
+        break;
       case K::gather: {  // table [V, F...], indices [I...] -> [I..., F...]
         const std::int64_t rows = x->type.shape.at(0), row = rows ? x->type.elements() / rows : 0;
         launch::gather(op.type.dtype, x->data, static_cast<const std::int32_t*>(in[1]->data), out.data,

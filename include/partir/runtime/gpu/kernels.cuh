@@ -212,6 +212,56 @@ __global__ void scatter_add_kernel(const std::int32_t* indices, const T* updates
   }
 }
 
+// One thread per output element [n, p, o]: the taps of position p over group o / (O / G)'s input features.
+template <class T>
+__global__ void convolution_kernel(WindowShape s, std::int64_t images, std::int64_t C, std::int64_t O, std::int64_t G,
+                                   const T* x, const T* w, T* out) {
+  std::int64_t X = 1;
+  for (int d = 0; d < s.rank; ++d) X *= s.in[d];
+  const std::int64_t Cg = C / G, Og = O / G;
+  PARTIR_GRID_LOOP(i, images * s.positions * O) {
+    const std::int64_t o = i % O, p = i / O % s.positions, n = i / O / s.positions;
+    math_t<T> sum = 0;
+    for (std::int64_t t = 0; t < s.taps; ++t) {
+      const std::int64_t at = window_source(s, p, t);
+      if (at < 0) continue;
+      const T* xs = x + (n * X + at) * C + o / Og * Cg;
+      const T* ws = w + t * Cg * O + o;
+      for (std::int64_t c = 0; c < Cg; ++c) sum += widen(xs[c]) * widen(ws[c * O]);
+    }
+    out[i] = Store<T>::from(sum);
+  }
+}
+
+template <class T, bool take_max>
+__global__ void reduce_window_kernel(WindowShape s, const T* x, T* out) {
+  PARTIR_GRID_LOOP(p, s.positions) {
+    math_t<T> r = take_max ? lowest<math_t<T>>() : math_t<T>(0);
+    for (std::int64_t t = 0; t < s.taps; ++t) {
+      const std::int64_t at = window_source(s, p, t);
+      if (at < 0) continue;
+      const math_t<T> v = widen(x[at]);
+      r = take_max ? (v > r ? v : r) : r + v;
+    }
+    out[p] = Store<T>::from(r);
+  }
+}
+
+template <class T>
+__global__ void select_and_scatter_kernel(WindowShape s, const T* x, const T* g, T* out) {
+  PARTIR_GRID_LOOP(p, s.positions) {
+    std::int64_t best_at = -1;
+    math_t<T> best = 0;
+    for (std::int64_t t = 0; t < s.taps; ++t) {
+      const std::int64_t at = window_source(s, p, t);
+      if (at < 0) continue;
+      const math_t<T> v = widen(x[at]);
+      if (best_at < 0 || v > best) best = v, best_at = at;
+    }
+    if (best_at >= 0) atomicAdd(out + best_at, g[p]);
+  }
+}
+
 template <class F>
 void by_type(DType t, F&& f) {
   switch (t) {
@@ -368,6 +418,42 @@ void scatter_add(DType t, const std::int32_t* indices, const void* updates, void
         bad_index);
   });
   device::check_launch("scatter_add_kernel");
+}
+
+void convolution(DType t, const WindowShape& s, std::int64_t images, std::int64_t in_features, std::int64_t out_features,
+                 std::int64_t groups, const void* x, const void* w, void* out, cudaStream_t stream) {
+  const std::int64_t n = images * s.positions * out_features;
+  if (n == 0) return;
+  device::by_float(t, [&](auto z) {
+    using T = decltype(z);
+    device::convolution_kernel<T><<<device::blocks_for(n), device::threads, 0, stream>>>(
+        s, images, in_features, out_features, groups, static_cast<const T*>(x), static_cast<const T*>(w), static_cast<T*>(out));
+  });
+  device::check_launch("convolution_kernel");
+}
+
+void reduce_window(bool take_max, DType t, const WindowShape& s, const void* x, void* out, cudaStream_t stream) {
+  if (s.positions == 0) return;
+  device::by_float(t, [&](auto z) {
+    using T = decltype(z);
+    if (take_max)
+      device::reduce_window_kernel<T, true><<<device::blocks_for(s.positions), device::threads, 0, stream>>>(
+          s, static_cast<const T*>(x), static_cast<T*>(out));
+    else
+      device::reduce_window_kernel<T, false><<<device::blocks_for(s.positions), device::threads, 0, stream>>>(
+          s, static_cast<const T*>(x), static_cast<T*>(out));
+  });
+  device::check_launch("reduce_window_kernel");
+}
+
+void select_and_scatter(DType t, const WindowShape& s, const void* x, const void* g, void* out, cudaStream_t stream) {
+  if (s.positions == 0) return;
+  device::by_float(t, [&](auto z) {
+    using T = decltype(z);
+    device::select_and_scatter_kernel<T><<<device::blocks_for(s.positions), device::threads, 0, stream>>>(
+        s, static_cast<const T*>(x), static_cast<const T*>(g), static_cast<T*>(out));
+  });
+  device::check_launch("select_and_scatter_kernel");
 }
 
 }  // namespace launch

@@ -87,6 +87,35 @@ PARTIR_HOST_DEVICE inline std::int64_t table_offset(const std::int32_t* indices,
   return row > 0 && r >= 0 && r < rows ? r * row + e : -1;
 }
 
+// A windowed op over `rank` dims (ConvDims and WindowDims in op.hpp; a convolution's spatial dims, every dim of
+// a pooling's operand): output position p reads, through tap t, the operand position (p s + t d - lo) / b per
+// dim (stride s, window dilation d, base dilation b) where that divides and lies inside; a flipped window
+// takes its taps in reverse. `taps` and `positions`: the products of window and out.
+struct WindowShape {
+  int rank = 0;
+  bool flip = false;
+  std::int64_t in[max_rank] = {}, window[max_rank] = {}, out[max_rank] = {}, stride[max_rank] = {},
+               base_dilation[max_rank] = {}, window_dilation[max_rank] = {}, lo[max_rank] = {};
+  std::int64_t taps = 1, positions = 1;
+};
+
+// Output position p (row-major over out) through tap t (row-major over window): the operand position it reads
+// (row-major over in), or -1 on padding or between dilated elements.
+PARTIR_HOST_DEVICE inline std::int64_t window_source(const WindowShape& s, std::int64_t p, std::int64_t t) {
+  std::int64_t at = 0, scale = 1;
+  for (int d = s.rank - 1; d >= 0; --d) {
+    const std::int64_t position = p % s.out[d], index = t % s.window[d];
+    p /= s.out[d];
+    t /= s.window[d];
+    const std::int64_t tap = s.flip ? s.window[d] - 1 - index : index;
+    const std::int64_t q = position * s.stride[d] + tap * s.window_dilation[d] - s.lo[d];  // on the dilated operand
+    if (q < 0 || q % s.base_dilation[d] != 0 || q / s.base_dilation[d] >= s.in[d]) return -1;
+    at += q / s.base_dilation[d] * scale;
+    scale *= s.in[d];
+  }
+  return at;
+}
+
 // A reduction to few outputs over many elements would leave most of the GPU idle with one block per output
 // (a loss summed over a whole batch runs on one SM), so each output's elements are split into `parts`
 // chunks: a first pass reduces every chunk into scratch (outputs x parts, row-major), a second pass
@@ -157,6 +186,16 @@ void gather(DType t, const void* table, const std::int32_t* indices, void* out, 
 void scatter_add(DType t, const std::int32_t* indices, const void* updates, void* out, std::int64_t n, std::int64_t rows,
                  std::int64_t row_elements, std::int64_t first_row, std::int64_t global_rows, int* bad_index,
                  cudaStream_t stream);
+
+// Convolution (no cuDNN here: a direct kernel, one thread per output element, sums in math precision):
+// out [N, s.out..., O] = x [N, s.in..., C] convolved with w [s.window..., C / groups, O] (ConvDims in op.hpp).
+void convolution(DType t, const WindowShape& s, std::int64_t images, std::int64_t in_features, std::int64_t out_features,
+                 std::int64_t groups, const void* x, const void* w, void* out, cudaStream_t stream);
+// reduce_window_sum / _max: out (row-major over s.out) = each window's sum or max over x (none inside: 0 or -inf).
+void reduce_window(bool take_max, DType t, const WindowShape& s, const void* x, void* out, cudaStream_t stream);
+// select_and_scatter: out (over s.in, zeroed first) += g[p] at the first maximum of x in window p (a window of
+// padding only adds nowhere). Atomics, as scatter_add: where windows overlap, sums arrive in no fixed order.
+void select_and_scatter(DType t, const WindowShape& s, const void* x, const void* g, void* out, cudaStream_t stream);
 
 }  // namespace launch
 }  // namespace partir::gpu
