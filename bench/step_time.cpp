@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "../examples/cli.hpp"
@@ -41,6 +42,22 @@ double median_ms(int reps, const std::function<void()>& fn) {
   }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+// The BP rows: one device (or rank) against two, collectives inline, streamed and bucketed.
+struct BpTimes {
+  double single_ms = 0, inline_ms = 0, bp_ms = 0, bucketed_ms = 0, overlapped = 0;
+};
+void print_bp(const char* unit, const BpTimes& t, double flops) {
+  const std::string two = std::string("bp, 2 ") + unit + "s";
+  auto row = [&](const std::string& name, double ms) { std::printf("%-28s %10.2f ms %8.1f GFLOP/s\n", name.c_str(), ms, flops / ms / 1e6); };
+  row(std::string("1 ") + unit, t.single_ms);
+  row(two + ", inline comm", t.inline_ms);
+  row(two, t.bp_ms);
+  row(two + ", buckets", t.bucketed_ms);
+  std::printf("bp speedup on 2 %ss: %.2fx (target >= 1.7x); %.2fx with inline collectives\n", unit, t.single_ms / t.bp_ms,
+              t.single_ms / t.inline_ms);
+  std::printf("communication hidden behind compute (%s 0, measured): %.0f%%\n", unit, 100 * t.overlapped);
 }
 
 struct HandWritten {
@@ -120,25 +137,18 @@ int main(int argc, char** argv) {
     p::mpi::Session session(argc, argv);
     if (session.size() != 2) p::user_error("step_time --mpi runs on 2 ranks (mpirun -np 2)");
     p::mpi::Communicator world;
-    double single_ms = 0;
+    BpTimes t;
     if (session.rank() == 0) {
-      p::threads::run(1, [&](p::threads::Communicator& c) { single_ms = spmd_step_ms(c, one, state, reps); });
+      p::threads::run(1, [&](p::threads::Communicator& c) { t.single_ms = spmd_step_ms(c, one, state, reps); });
     }
     world.barrier();
-    double overlapped = 0;
-    const double inline_ms = spmd_step_ms(world, two, state, reps, /*streamed=*/false);
-    const double bp_ms = spmd_step_ms(world, two, state, reps, true, &overlapped);
-    const double bucketed_ms = spmd_step_ms(world, two_bucketed, state, reps);
+    t.inline_ms = spmd_step_ms(world, two, state, reps, /*streamed=*/false);
+    t.bp_ms = spmd_step_ms(world, two, state, reps, true, &t.overlapped);
+    t.bucketed_ms = spmd_step_ms(world, two_bucketed, state, reps);
     if (session.rank() == 0) {
       std::printf("# BP over MPI: MLP train step, batch %ld, %ld-%ld-%ld, SGD, f32, median of %d\n", batch, in, hidden,
                   in, reps);
-      std::printf("%-22s %10.2f ms %8.1f GFLOP/s\n", "1 rank", single_ms, flops / single_ms / 1e6);
-      std::printf("%-28s %10.2f ms %8.1f GFLOP/s\n", "bp, 2 ranks, inline comm", inline_ms, flops / inline_ms / 1e6);
-      std::printf("%-28s %10.2f ms %8.1f GFLOP/s\n", "bp, 2 ranks", bp_ms, flops / bp_ms / 1e6);
-      std::printf("%-28s %10.2f ms %8.1f GFLOP/s\n", "bp, 2 ranks, buckets", bucketed_ms, flops / bucketed_ms / 1e6);
-      std::printf("bp speedup on 2 ranks: %.2fx (target >= 1.7x); %.2fx with inline collectives\n", single_ms / bp_ms,
-                  single_ms / inline_ms);
-      std::printf("communication hidden behind compute (rank 0, measured): %.0f%%\n", 100 * overlapped);
+      print_bp("rank", t, flops);
     }
     return 0;
 #else
@@ -190,20 +200,15 @@ int main(int argc, char** argv) {
               hand_ms / partir_eigen_ms, hand_ms / partir_ms, std::string(p::name_of(engine)).c_str());
   std::printf("partir peak memory: %.1f MiB\n", static_cast<double>(stats.peak_bytes) / (1 << 20));
 
-  double single_ms = 0, inline_ms = 0, bp_ms = 0, bucketed_ms = 0, overlapped = 0;
-  p::threads::run(1, [&](p::threads::Communicator& c) { single_ms = spmd_step_ms(c, one, state, reps); });
+  BpTimes t;
+  p::threads::run(1, [&](p::threads::Communicator& c) { t.single_ms = spmd_step_ms(c, one, state, reps); });
   p::threads::run(2, [&](p::threads::Communicator& c) {
-    double h = 0;
-    const double sync = spmd_step_ms(c, two, state, reps, false), ms = spmd_step_ms(c, two, state, reps, true, &h),
-                 bucketed = spmd_step_ms(c, two_bucketed, state, reps);
-    if (c.device() == 0) inline_ms = sync, bp_ms = ms, bucketed_ms = bucketed, overlapped = h;
+    BpTimes mine;
+    mine.inline_ms = spmd_step_ms(c, two, state, reps, false);
+    mine.bp_ms = spmd_step_ms(c, two, state, reps, true, &mine.overlapped);
+    mine.bucketed_ms = spmd_step_ms(c, two_bucketed, state, reps);
+    if (c.device() == 0) mine.single_ms = t.single_ms, t = mine;
   });
   std::printf("# BP on the threads backend (%s GEMMs)\n", std::string(p::name_of(engine)).c_str());
-  std::printf("%-28s %10.2f ms %8.1f GFLOP/s\n", "1 device", single_ms, flops / single_ms / 1e6);
-  std::printf("%-28s %10.2f ms %8.1f GFLOP/s\n", "bp, 2 devices, inline comm", inline_ms, flops / inline_ms / 1e6);
-  std::printf("%-28s %10.2f ms %8.1f GFLOP/s\n", "bp, 2 devices", bp_ms, flops / bp_ms / 1e6);
-  std::printf("%-28s %10.2f ms %8.1f GFLOP/s\n", "bp, 2 devices, buckets", bucketed_ms, flops / bucketed_ms / 1e6);
-  std::printf("bp speedup on 2 devices: %.2fx (target >= 1.7x); %.2fx with inline collectives\n", single_ms / bp_ms,
-              single_ms / inline_ms);
-  std::printf("communication hidden behind compute (device 0, measured): %.0f%%\n", 100 * overlapped);
+  print_bp("device", t, flops);
 }

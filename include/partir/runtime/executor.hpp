@@ -44,8 +44,7 @@ struct OpTiming {
 inline double hidden_communication_fraction(const SpmdProgram& p, const std::vector<OpTiming>& timeline) {
   std::vector<const OpTiming*> compute, communication;
   for (const auto& t : timeline) {
-    const auto& c = p.op(t.value).collective;
-    (c && c->kind != CollectiveKind::all_slice ? communication : compute).push_back(&t);
+    (p.op(t.value).communicates() ? communication : compute).push_back(&t);
   }
   double total = 0, hidden = 0;
   for (const auto* c : communication) {
@@ -306,7 +305,7 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
     for (ValueId v = 0; v < p.size(); ++v) {
       const SpmdOp& s = p.op(v);
       auto& slot = owned[static_cast<std::size_t>(v)];
-      const bool streamed = streams && s.collective && s.collective->kind != CollectiveKind::all_slice &&
+      const bool streamed = streams && s.communicates() &&
                             (!in_flight.empty() || std::max(s.op.type.bytes(), p.type(s.op.operands[0]).bytes()) >=
                                                        options.stream_min_bytes);
       if (s.op.kind == OpKind::input && !s.collective) {

@@ -117,7 +117,7 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
         for (const auto& in : g->inputs) operands_ready = std::max(operands_ready, ready[static_cast<std::size_t>(in.value)]);
       operand_types.clear();
       for (auto o : s.op.operands) operand_types.push_back(p.type(o));
-      if (s.collective && s.collective->kind != CollectiveKind::all_slice) {
+      if (s.communicates()) {
         const Collective& c = *s.collective;
         t.communication = true;
         t.group_size = is_point_to_point(c.kind) ? 2 : group_size(c, mesh);

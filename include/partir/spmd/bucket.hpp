@@ -144,14 +144,7 @@ PARTIR_ENTRY SpmdProgram bucket_all_reduces(const SpmdProgram& p, std::int64_t b
     }
     for (auto [it, end] = runs_after.equal_range(v); it != end; ++it) run_bucket(*it->second);
   }
-  for (Binding b : p.inputs()) {
-    b.value = moved[static_cast<std::size_t>(b.value)];
-    out.add_input(std::move(b));
-  }
-  for (Binding b : p.outputs()) {
-    b.value = moved[static_cast<std::size_t>(b.value)];
-    out.add_output(std::move(b));
-  }
+  add_bindings(p, out, moved);
   return out;
 }
 #endif

@@ -32,10 +32,6 @@ PARTIR_ENTRY SpmdProgram schedule_collectives(const SpmdProgram& p, std::int64_t
 #if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
-inline bool moves_early(const SpmdOp& s) {
-  return s.collective && s.collective->kind != CollectiveKind::all_slice;  // all_slice is a local copy
-}
-
 // The program's instructions in a new order (a permutation that keeps every operand before its user).
 inline SpmdProgram reordered(const SpmdProgram& p, const std::vector<ValueId>& order) {
   std::vector<ValueId> moved(static_cast<std::size_t>(p.size()), -1);
@@ -45,14 +41,7 @@ inline SpmdProgram reordered(const SpmdProgram& p, const std::vector<ValueId>& o
     for (auto& o : s.op.operands) o = moved[static_cast<std::size_t>(o)];
     moved[static_cast<std::size_t>(v)] = out.add(std::move(s));
   }
-  for (Binding b : p.inputs()) {
-    b.value = moved[static_cast<std::size_t>(b.value)];
-    out.add_input(std::move(b));
-  }
-  for (Binding b : p.outputs()) {
-    b.value = moved[static_cast<std::size_t>(b.value)];
-    out.add_output(std::move(b));
-  }
+  add_bindings(p, out, moved);
   return out;
 }
 
@@ -120,7 +109,7 @@ PARTIR_ENTRY SpmdProgram schedule_collectives(const SpmdProgram& p, std::int64_t
 
   std::vector<Group> groups;
   for (ValueId v = 0; v < p.size(); ++v)
-    if (detail::moves_early(p.op(v))) groups.push_back(group_of(v));
+    if (p.op(v).communicates()) groups.push_back(group_of(v));
   std::int64_t budget = prefetch_bytes;
   if (budget == one_collective_ahead) {
     budget = 0;

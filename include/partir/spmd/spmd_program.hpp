@@ -68,6 +68,8 @@ struct SpmdOp {
   // [p * rows, (p + 1) * rows) of the global table; indices outside contribute zero (a partial sum).
   AxisList row_shard;
   int stage = -1;  // pipelined programs: the stage whose devices run it (-1: every device)
+  // A collective that moves data between devices (all_slice copies this device's own tile).
+  bool communicates() const { return collective && collective->kind != CollectiveKind::all_slice; }
   friend bool operator==(const SpmdOp&, const SpmdOp&) = default;
 };
 
@@ -167,6 +169,19 @@ class SpmdProgram {
 // renumbered; a recv keeps no operand (its send runs elsewhere) and a send's result holds nothing. Outputs
 // are those this stage holds, a received copy standing for a value made on another stage. `ids`, if given,
 // receives the pipelined program's id of each op. A program without a pipeline is its own stage 0.
+// Binds `out`'s inputs and outputs as p's, through `moved` (p's value id -> out's): for passes that rebuild a
+// program op by op.
+inline void add_bindings(const SpmdProgram& p, SpmdProgram& out, const std::vector<ValueId>& moved) {
+  for (Binding b : p.inputs()) {
+    b.value = moved[static_cast<std::size_t>(b.value)];
+    out.add_input(std::move(b));
+  }
+  for (Binding b : p.outputs()) {
+    b.value = moved[static_cast<std::size_t>(b.value)];
+    out.add_output(std::move(b));
+  }
+}
+
 inline SpmdProgram stage_program(const SpmdProgram& p, int stage, std::vector<ValueId>* ids = nullptr) {
   SpmdProgram out(p.name(), p.mesh());
   std::vector<ValueId> local(static_cast<std::size_t>(p.size()), -1);
