@@ -60,8 +60,7 @@ inline std::vector<TraceEvent> trace_events(const SpmdProgram& p, const std::vec
   std::vector<TraceEvent> out;
   for (const auto& t : timeline) {
     const SpmdOp& s = p.op(t.value);
-    const bool communication = s.collective && s.collective->kind != CollectiveKind::all_slice;
-    out.push_back({timeline_what(s) + " " + timeline_label(s, t.value), communication ? "communication" : "compute",
+    out.push_back({timeline_what(s) + " " + timeline_label(s, t.value), s.communicates() ? "communication" : "compute",
                    device, t.start, t.seconds, {{"value", "%" + std::to_string(t.value)}}});
   }
   return out;
