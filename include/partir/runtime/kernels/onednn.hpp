@@ -139,6 +139,22 @@ inline std::pair<dnnl::memory::dims, dnnl::memory::dims> kernel_layout(const Con
   return {dims, strides};
 }
 
+// A Primitive (convolution_forward or deconvolution_forward) on p's activations, the kernel's layout left to oneDNN.
+template <class Primitive>
+void make_forward(ConvPrimitive& p, dnnl::engine& engine, dnnl::algorithm algorithm,
+                  const dnnl::memory::desc& any_kernel, const dnnl::memory::dims& strides,
+                  const dnnl::memory::dims& dilation, const dnnl::memory::dims& pl, const dnnl::memory::dims& pr) {
+#if DNNL_VERSION_MAJOR >= 3
+  const typename Primitive::primitive_desc pd(engine, dnnl::prop_kind::forward_inference, algorithm, p.src, any_kernel,
+                                              p.dst, strides, dilation, pl, pr);
+#else
+  const typename Primitive::primitive_desc pd(
+      {dnnl::prop_kind::forward_inference, algorithm, p.src, any_kernel, p.dst, strides, dilation, pl, pr}, engine);
+#endif
+  p.weights = pd.weights_desc();
+  p.primitive = Primitive(pd);
+}
+
 // A flipped kernel is a deconvolution's (the input gradient of a convolution: oneDNN's backward data as a
 // forward primitive): output position p reads input position i through tap k where p = i s + k d - pl, s
 // the input dilation; reversing the taps of `convolution`'s definition gives pl = (K - 1) d - lo, pr likewise.
@@ -159,30 +175,12 @@ std::optional<ConvPrimitive> create_convolution(dnnl::engine& engine, const Conv
         pr[i] = (c.window[i] - 1) * c.rhs_dilation[i] - c.hi[i];
       }
     }
-    using dnnl::prop_kind;
-#if DNNL_VERSION_MAJOR >= 3
-    if (c.flip) {
-      dnnl::deconvolution_forward::primitive_desc pd(engine, prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct,
-                                                     p.src, any_kernel, p.dst, strides, dilation, pl, pr);
-      p.weights = pd.weights_desc(), p.primitive = dnnl::deconvolution_forward(pd);
-    } else {
-      dnnl::convolution_forward::primitive_desc pd(engine, prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-                                                   p.src, any_kernel, p.dst, strides, dilation, pl, pr);
-      p.weights = pd.weights_desc(), p.primitive = dnnl::convolution_forward(pd);
-    }
-#else
-    if (c.flip) {
-      dnnl::deconvolution_forward::primitive_desc pd(
-          {prop_kind::forward_inference, dnnl::algorithm::deconvolution_direct, p.src, any_kernel, p.dst, strides, dilation, pl, pr},
-          engine);
-      p.weights = pd.weights_desc(), p.primitive = dnnl::deconvolution_forward(pd);
-    } else {
-      dnnl::convolution_forward::primitive_desc pd(
-          {prop_kind::forward_inference, dnnl::algorithm::convolution_direct, p.src, any_kernel, p.dst, strides, dilation, pl, pr},
-          engine);
-      p.weights = pd.weights_desc(), p.primitive = dnnl::convolution_forward(pd);
-    }
-#endif
+    if (c.flip)
+      make_forward<dnnl::deconvolution_forward>(p, engine, dnnl::algorithm::deconvolution_direct, any_kernel, strides,
+                                                dilation, pl, pr);
+    else
+      make_forward<dnnl::convolution_forward>(p, engine, dnnl::algorithm::convolution_direct, any_kernel, strides,
+                                              dilation, pl, pr);
     return p;
   } catch (const dnnl::error&) {
     return std::nullopt;  // e.g. negative padding: the caller computes it another way
@@ -259,12 +257,14 @@ bool convolution(const Convolution& c, const T* x, const T* w, T* out) {
   if constexpr (!DataType<T>::supported) {
     return false;
   } else {
-    auto all_ones = [](const std::vector<std::int64_t>& v) { return std::all_of(v.begin(), v.end(), [](auto e) { return e == 1; }); };
+    auto all_ones = [](const std::vector<std::int64_t>& v) {
+      return std::all_of(v.begin(), v.end(), [](auto e) { return e == 1; });
+    };
     if (c.in.empty() || c.in.size() > 3 || !all_ones(c.flip ? c.strides : c.lhs_dilation)) return false;
     const int threads = kernel_threads();
     if (omp_get_max_threads() != threads) omp_set_num_threads(threads);
-    std::vector<std::int64_t> key{static_cast<std::int64_t>(DataType<T>::value), threads, c.flip, c.images, c.in_features,
-                                  c.out_features, c.groups};
+    std::vector<std::int64_t> key{static_cast<std::int64_t>(DataType<T>::value), threads, c.flip, c.images,
+                                  c.in_features, c.out_features, c.groups};
     for (const auto* part : {&c.in, &c.window, &c.out, &c.strides, &c.lhs_dilation, &c.rhs_dilation, &c.lo, &c.hi})
       key.insert(key.end(), part->begin(), part->end());
     auto& ctx = detail::context();
