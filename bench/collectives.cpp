@@ -4,6 +4,7 @@
 //               --backend threads|mpi|nccl  --devices 4 (threads)  --mesh batch=2,model=2 --axis model
 //               --json out.json  --raw (mpi: also time MPI called directly; prints the ratio)
 //               --algorithms (mpi: all_reduce two ways, reduce_scatter four)  --calibrate profile.json
+//               --profile profile.json (mpi: all_reduce switches to the ring where that profile measured it faster)
 // size is the full buffer S in bytes (count = S / 4 floats): the all_reduce buffer, the all_gather result,
 // the reduce_scatter operand, the all_to_all operand. algbw = S / time; busbw = algbw x 2(n-1)/n for
 // all_reduce, (n-1)/n for the others; sendrecv (pipeline stages' point to point, as OSU's bidirectional test): each
@@ -50,7 +51,7 @@ struct Options {
   std::vector<CollectiveKind> ops = {CollectiveKind::all_reduce};
   std::string backend = "threads";
   int devices = 0;  // threads: 2; nccl: every GPU present
-  std::string mesh, axis, json_path, calibrate_path;
+  std::string mesh, axis, json_path, calibrate_path, profile_path;
   bool raw = false, algorithms = false;
 };
 
@@ -91,6 +92,9 @@ Options parse(int argc, char** argv) {
   app.add_flag("--algorithms,--rs-alternatives", o.algorithms,
                "mpi: each algorithm the backend chooses between, side by side (all_reduce two ways, reduce_scatter four)");
   app.add_option("--calibrate", o.calibrate_path, "measure this machine and write a hardware profile (JSON) instead");
+  app.add_option("--profile", o.profile_path,
+                 "mpi: choose the all_reduce algorithm by this profile's measured crossover (a --calibrate file)")
+      ->check(CLI::ExistingFile);
   app.parse(argc, argv);
   o.min_bytes = parse_bytes("-b", min);
   o.max_bytes = parse_bytes("-e", max);
@@ -459,6 +463,13 @@ void compare_algorithms(p::mpi::Communicator& comm, const Options& o, Collective
     }
     if (me == 0) std::printf("\n");
   }
+  if (me == 0 && kind == CollectiveKind::all_reduce) {
+    const std::int64_t from = comm.ring_all_reduce_from(g.size());
+    std::printf("# partir's all_reduce on groups of %d: %s (%s)\n", g.size(),
+                from == std::numeric_limits<std::int64_t>::max() ? "MPI_Allreduce at every size"
+                                                                 : ("ring from " + std::to_string(from) + " B").c_str(),
+                o.profile_path.empty() ? "default; --profile uses a calibrated crossover" : o.profile_path.c_str());
+  }
 }
 #endif
 
@@ -509,6 +520,7 @@ int main(int argc, char** argv) {
       p::mpi::Session session(argc, argv);
       p::mpi::Communicator comm;
       RawMpi raw;
+      if (!o.profile_path.empty()) p::tune_collectives(comm, p::HardwareProfile::load(o.profile_path));
       if (o.algorithms) {
         compare_algorithms(comm, o, CollectiveKind::all_reduce, raw.all_reduce_variants(comm));
         compare_algorithms(comm, o, CollectiveKind::reduce_scatter, raw.reduce_scatter_variants(comm));

@@ -1,8 +1,10 @@
 // Run under mpirun -np 4: every collective of the MPI backend against locally computed expectations.
 #include <partir/runtime/mpi.hpp>
+#include <partir/sim/calibrate.hpp>
 
 #include <cstdio>
 #include <cstring>
+#include <limits>
 
 #include "collective_checks.hpp"
 
@@ -22,6 +24,26 @@ int main(int argc, char** argv) {
       c.set_all_reduce_algorithm(a);
       wrong += collective_checks::check_all(c);
     }
+  }
+  // Automatic choice by size: the default crossover, then a profile's per group size (tune_collectives): pairs
+  // from 4 KiB, the 4-rank group never; the checks again under that choice. Calibration times both algorithms
+  // and leaves the choice as it found it.
+  {
+    constexpr auto never = std::numeric_limits<std::int64_t>::max();
+    partir::mpi::Communicator c;
+    static_assert(partir::ChoosesAllReduce<partir::mpi::Communicator>);
+    const auto from = partir::mpi::Communicator::default_ring_all_reduce_from;
+    wrong += c.use_ring_all_reduce(4, from - 1) || !c.use_ring_all_reduce(4, from) || c.use_ring_all_reduce(1, from);
+    partir::HardwareProfile hw;
+    hw.ring_all_reduce_from = {{2, 4096}, {4, never}};
+    partir::tune_collectives(c, hw);
+    wrong += c.use_ring_all_reduce(2, 4095) || !c.use_ring_all_reduce(2, 4096) || c.use_ring_all_reduce(4, never - 1);
+    wrong += collective_checks::check_all(c);
+    const partir::CalibrationOptions quick{.warmup = 1, .iterations = 2, .rounds = 1,
+                                           .all_reduce_choice_bytes = {1 << 12, 1 << 16}};
+    const std::int64_t measured = partir::calibration::ring_all_reduce_from(c, 2, quick);
+    wrong += measured != 4096 && measured != 65536 && measured != never;
+    wrong += c.ring_all_reduce_from(2) != 4096 || c.ring_all_reduce_from(4) != never;
   }
   // E103 an unknown all_reduce algorithm in $PARTIR_MPI_ALL_REDUCE: the name and the choices.
   try {

@@ -7,7 +7,7 @@
 // "remat", the backward pass recomputes the second layer (between the MLP's marks h1 and h2); with "accum",
 // the batch runs as 2 microbatches (gradient accumulation); with "pp", also in 2 pipeline stages (1F1B) on the
 // mesh's axis "stage", layers 1-2 on stage 0 and 3 on stage 1 (each device checks the outputs of its stage);
-// with "bucket" (and "pp"), small all_reduces fused into buckets of at most 1 KiB.
+// with "bucket" (and "pp"), small all_reduces and reduce_scatters fused into buckets of at most 1 KiB.
 // usage: mpi_train MESH SCHEDULE [PRECISION [RECIPE]]
 #include <partir/partir.hpp>
 #include <partir/runtime/mpi.hpp>
@@ -53,6 +53,11 @@ int main(int argc, char** argv) {
                                                     {{"params/mlp/*1", "params/mlp/*2"}, {"params/mlp/*3"}}));
     // Buckets of at most 1 KiB: several per step on this small MLP.
     const p::SpmdProgram spmd = p::lower(p::partition(step, p::Mesh::parse(argv[1]), tactics), {.bucket_bytes = bucket ? 1024 : 0});
+    if (bucket && !pp) {  // a plan without a bucket would test nothing new
+      bool bucketed = false;
+      for (const auto& c : spmd.collectives()) bucketed |= c.collective.reason.starts_with("bucket of");
+      if (!bucketed) throw p::UserError("bucket: " + std::string(argv[2]) + " on " + argv[1] + " made no bucket");
+    }
     p::mpi::Communicator comm;
     p::NamedArrays state = p::init_inputs(step, 3, true), local;
     for (const auto& b : spmd.inputs())

@@ -682,7 +682,7 @@ TEST_CASE("catalog: communication") {
   // E108 a negative all_reduce bucket size
   const Program step = adam_step();
   CHECK_THROWS_WITH_AS(lower(partition(step, mesh2x2, {data_parallel("batch")}), {.bucket_bytes = -1}),
-                       "bucket_all_reduces: bucket size -1 bytes is negative (0 turns bucketing off)", UserError);
+                       "bucket_collectives: bucket size -1 bytes is negative (0 turns bucketing off)", UserError);
   // E108 a prefetch budget below -1 (one_collective_ahead)
   CHECK_THROWS_WITH_AS(lower(partition(step, mesh2x2, {data_parallel("batch")}), {.prefetch_bytes = -2}),
                        "schedule_collectives: prefetch budget -2 bytes is negative (0 moves only collectives that cost no "

@@ -1071,7 +1071,7 @@ Program random_elementwise(Rng& rng, const Shape& s, DType dt) {
   for (int i = 0; i < 14; ++i) {
     Attrs a;
     ValueId v = -1;
-    switch (rand_int(rng, 0, 6)) {
+    switch (rand_int(rng, 0, dt == DType::f32 ? 7 : 6)) {
       case 0: {  // unary on values kept positive where it matters
         const OpKind kinds[] = {OpKind::neg, OpKind::exp, OpKind::tanh, OpKind::abs};
         v = p.add(kinds[rand_int(rng, 0, 3)], {pick()});
@@ -1112,7 +1112,14 @@ Program random_elementwise(Rng& rng, const Shape& s, DType dt) {
         v = p.add(OpKind::select, {p.add(OpKind::compare, {pick(), pick()}, cmp), pick(), pick()});
         break;
       }
-      default: v = p.add(OpKind::rsqrt, {p.add(OpKind::add, {p.add(OpKind::mul, {pick(), pick()}), pick()})}); break;
+      case 6: v = p.add(OpKind::rsqrt, {p.add(OpKind::add, {p.add(OpKind::mul, {pick(), pick()}), pick()})}); break;
+      default: {  // through 16 bits and back, as a mixed-precision gradient enters the f32 update
+        a.dtype = rand_int(rng, 0, 1) ? DType::bf16 : DType::f16;
+        const ValueId half = p.add(OpKind::convert, {pick()}, a);
+        a.dtype = DType::f32;
+        v = p.add(OpKind::sub, {pick(), p.add(OpKind::convert, {half}, a)});
+        break;
+      }
     }
     pool.push_back(v);
     if (rand_int(rng, 0, 5) == 0) p.add_output("o" + std::to_string(i), v);
@@ -1125,7 +1132,7 @@ Program random_elementwise(Rng& rng, const Shape& s, DType dt) {
 
 TEST_CASE("fusion: fused groups give bitwise the unfused results, at every size") {
   Rng rng(22);
-  int fused_groups = 0, skipped_broadcasts = 0;
+  int fused_groups = 0, skipped_broadcasts = 0, skipped_converts = 0;
   for (int trial = 0; trial < 60; ++trial) {
     const std::int64_t rows = rand_int(rng, 1, 9);
     const std::int64_t cols = trial % 3 == 0 ? rand_int(rng, 1, 7) : rand_int(rng, 1, 300);  // under a block .. tiles
@@ -1134,7 +1141,10 @@ TEST_CASE("fusion: fused groups give bitwise the unfused results, at every size"
       const Program p = random_elementwise(rng, s, dt);
       const FusionPlan plan = plan_fusion(p);
       fused_groups += static_cast<int>(plan.groups().size());
-      for (ValueId v = 0; v < p.size(); ++v) skipped_broadcasts += plan.skipped(v) && p.op(v).kind == OpKind::broadcast_in_dim;
+      for (ValueId v = 0; v < p.size(); ++v) {
+        skipped_broadcasts += plan.skipped(v) && p.op(v).kind == OpKind::broadcast_in_dim;
+        skipped_converts += plan.skipped(v) && p.op(v).kind == OpKind::convert;
+      }
       NamedArrays in{{"x", random_array(rng, {s, dt}, 0.1, 2)}, {"y", random_array(rng, {s, dt}, -2, 2)},
                      {"b", random_array(rng, {{cols}, dt})}, {"c", random_array(rng, {{rows}, dt})}};
       const NamedArrays fused = interpret(p, in);
@@ -1153,6 +1163,7 @@ TEST_CASE("fusion: fused groups give bitwise the unfused results, at every size"
   }
   CHECK(fused_groups > 100);
   CHECK(skipped_broadcasts > 20);
+  CHECK(skipped_converts > 5);  // widening ones only: a narrowing convert rounds, its result is materialized
 }
 
 TEST_CASE("fusion: the plan of an MLP train step") {

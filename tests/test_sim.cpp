@@ -219,6 +219,7 @@ TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
   hw.gemm_curve = {{16, 0.3}, {1024, 1}};
   hw.elementwise_flops = {{DType::f32, 9e9}};
   hw.memory_capacity = std::int64_t{141} << 30;
+  hw.ring_all_reduce_from = {{2, std::int64_t{16} << 20}, {4, std::numeric_limits<std::int64_t>::max()}};
   CHECK(HardwareProfile::from_json(json::parse(hw.to_json().dump(2))) == hw);
 
   const std::string path = "test_sim_profile.json";
@@ -242,10 +243,13 @@ TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
   CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(
                            R"({"name": "x", "peak_flops": {}, "memory_bandwidth": 1, "cache_curve": [[1, 2, 3]]})")),
                        "cache_curve: each point is [bytes, bytes per second]", UserError);
+  CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(
+                           R"({"name": "x", "peak_flops": {}, "memory_bandwidth": 1, "ring_all_reduce_from": {"pair": 1}})")),
+                       "hardware profile: ring_all_reduce_from: 'pair' is not a group size (an integer >= 2)", UserError);
 }
 
 TEST_CASE("calibrate: devices agree on every figure; the op overhead is the executor's; links per kind and size") {
-  const CalibrationOptions quick{.name = "test", .message_bytes = {1 << 12, 1 << 16}, .warmup = 1, .iterations = 2,
+  const CalibrationOptions quick{.name = "test", .message_bytes = {1 << 12, 1 << 20}, .warmup = 1, .iterations = 2,
                                  .rounds = 1};
   std::vector<HardwareProfile> got(2);
   threads::run(2, [&](threads::Communicator& c) { got[static_cast<std::size_t>(c.device())] = calibrate(c, quick); });
@@ -263,6 +267,7 @@ TEST_CASE("calibrate: devices agree on every figure; the op overhead is the exec
     CHECK(rule->link.measured.size() == quick.message_bytes.size());
     CHECK(rule->link.beta > 0);
   }
+  CHECK(hw.ring_all_reduce_from.empty());  // the threads backend has one all_reduce (MPI's: mpi_collectives)
   CHECK(HardwareProfile::from_json(json::parse(hw.to_json().dump())) == hw);
 }
 

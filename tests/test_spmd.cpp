@@ -274,6 +274,18 @@ TEST_CASE("bucketing: small all_reduces fuse into buckets that never delay a val
     for (const auto& c : bucketed.collectives()) CHECK(c.result.bytes() <= largest + 1);
     CHECK(max_error(step, bucketed, 5) < 1e-5);
   }
+  SUBCASE("ZeRO's gradient reduce_scatters bucket too; the sums are bitwise the unbucketed ones") {
+    const Partitioned z2 = partition(step, Mesh{{"batch", 4}}, {bp("batch"), zero2("batch")});
+    const SpmdProgram unbucketed = lower(z2), bucketed = lower(z2, {.bucket_bytes = 25 << 20});
+    REQUIRE(count(unbucketed, "batch")[CollectiveKind::reduce_scatter] == gradients);
+    CHECK(count(bucketed, "batch")[CollectiveKind::reduce_scatter] == 1);
+    for (const auto& c : bucketed.collectives())
+      if (c.collective.kind == CollectiveKind::reduce_scatter)
+        CHECK(c.collective.reason.starts_with("bucket of 8 reduce_scatters, "));
+    const NamedArrays state = init_inputs(step, 3, true);
+    const auto a = execute_on_threads(unbucketed, state), b = execute_on_threads(bucketed, state);
+    for (const auto& [name, x] : a[0].outputs) CHECK_MESSAGE(x == b[0].outputs.at(name), name);
+  }
   SUBCASE("Megatron's all_reduces are used at once: none waits in a bucket") {
     const Partitioned mp_plan = partition(step, Mesh{{"batch", 2}, {"model", 2}}, {bp("batch"), megatron("model")});
     const SpmdProgram bucketed = lower(mp_plan, {.bucket_bytes = 25 << 20});
@@ -299,6 +311,32 @@ TEST_CASE("bucketing: small all_reduces fuse into buckets that never delay a val
     const auto a = execute_on_threads(lower(pp), state), b = execute_on_threads(bucketed, state);
     for (std::size_t d = 0; d < a.size(); ++d)
       for (const auto& [name, x] : a[d].outputs) CHECK_MESSAGE(x == b[d].outputs.at(name), name);
+  }
+}
+
+TEST_CASE("bucketing: reduce_scatters along any dim, each member keeping its own tile") {
+  // Replicated inputs reduce-scattered along dims 1, 2 and 0 over 4 devices: every output is 4x its input.
+  SpmdProgram p("scatters", Mesh{{"d", 4}});
+  const std::vector<std::tuple<std::string, Shape, std::int64_t>> cases{{"x", {2, 8}, 1}, {"y", {3, 4, 4}, 2}, {"z", {8}, 0}};
+  NamedArrays inputs;
+  for (const auto& [name, shape, dim] : cases) {
+    const auto v = p.add({local_op(OpKind::input, {}, {shape}, {}, name)});
+    p.add_input({name, v, {shape}, Sharding::replicated(static_cast<std::int64_t>(shape.size())), ""});
+    Shape tile = shape;
+    tile[static_cast<std::size_t>(dim)] /= 4;
+    const auto r = p.add({local_op(OpKind::input, {v}, {tile}), Collective{CollectiveKind::reduce_scatter, {"d"}, dim}});
+    Sharding tiled = Sharding::replicated(static_cast<std::int64_t>(shape.size()));
+    tiled.dims[static_cast<std::size_t>(dim)] = {"d"};
+    p.add_output({name, r, {shape}, tiled, ""});
+    inputs[name] = random_array(shape, static_cast<std::uint64_t>(inputs.size() + 1));
+  }
+  const SpmdProgram bucketed = bucket_collectives(p, 1 << 20);
+  REQUIRE(bucketed.collectives().size() == 1);
+  CHECK(bucketed.collectives()[0].result == TensorType{{1, 4 + 12 + 2}});
+  const auto plain = execute_on_threads(p, inputs), fused = execute_on_threads(bucketed, inputs);
+  for (const auto& [name, x] : inputs) {
+    CHECK(fused[2].outputs.at(name) == plain[2].outputs.at(name));
+    for (std::int64_t i = 0; i < x.size(); ++i) CHECK(fused[2].outputs.at(name).at(i) == doctest::Approx(4 * x.at(i)));
   }
 }
 

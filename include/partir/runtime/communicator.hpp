@@ -43,4 +43,13 @@ concept Communicator = requires(C c, const Group& g, const void* in, void* out, 
   c.barrier();
 };
 
+// A backend with two all_reduce algorithms, the library's and partir's ring (MPI), chosen by buffer size:
+// from ring_all_reduce_from(group size) bytes up the ring runs. Calibration times both and records where the
+// ring takes over (HardwareProfile::ring_all_reduce_from); tune_collectives sets it from a profile.
+template <class C>
+concept ChoosesAllReduce = requires(C& c, const C& cc, int group_size, std::int64_t bytes) {
+  c.set_ring_all_reduce_from(group_size, bytes);
+  { cc.ring_all_reduce_from(group_size) } -> std::convertible_to<std::int64_t>;
+};
+
 }  // namespace partir

@@ -224,9 +224,10 @@ class Communicator {
   }
   void set_all_reduce_algorithm(AllReduceAlgorithm a) { all_reduce_algorithm_ = a; }
 
-  // Open MPI's MPI_Allreduce falls behind on buffers past the caches (64 MiB on 2 ranks: 32.6 ms against the
-  // ring's 16.7 ms; 208 ms in earlier runs), while from 1 to 4 MiB it is ~25% faster; they cross near 16 MiB
-  // on 2 and 4 ranks (`bench/collectives --backend mpi --algorithms` prints both per size).
+  // Open MPI's MPI_Allreduce falls behind on buffers past the caches (64 MiB on 2 ranks: 190-210 ms, some days
+  // 33 ms, against the ring's 17-28 ms), while from 1 to 4 MiB it is up to ~25% faster; they cross between 16
+  // and 32 MiB on 2 and 4 ranks (`bench/collectives --backend mpi --algorithms` prints both per size). 16 MiB is
+  // the default; a calibrated profile sets where they cross on this machine, per group size (tune_collectives).
   bool use_ring_all_reduce(int group_size, std::int64_t bytes) const {
     if (group_size == 1) return false;
     switch (all_reduce_algorithm_) {
@@ -234,9 +235,14 @@ class Communicator {
       case AllReduceAlgorithm::library: return false;
       case AllReduceAlgorithm::automatic: break;
     }
-    return bytes >= ring_all_reduce_bytes;
+    return bytes >= ring_all_reduce_from(group_size);
   }
-  static constexpr std::int64_t ring_all_reduce_bytes = std::int64_t{16} << 20;
+  static constexpr std::int64_t default_ring_all_reduce_from = std::int64_t{16} << 20;
+  std::int64_t ring_all_reduce_from(int group_size) const {
+    auto it = ring_from_.find(group_size);
+    return it != ring_from_.end() ? it->second : default_ring_all_reduce_from;
+  }
+  void set_ring_all_reduce_from(int group_size, std::int64_t bytes) { ring_from_[group_size] = bytes; }
 
   // Ring all_reduce in place, as NCCL's ring and Horovod run it: the buffer splits into k blocks (sizes
   // differing by at most one element, so any n works); k-1 steps of reduce-scatter leave member i with the sum
@@ -362,6 +368,7 @@ class Communicator {
     const char* env = std::getenv("PARTIR_MPI_ALL_REDUCE");
     return env && *env ? parse_all_reduce_algorithm(env) : AllReduceAlgorithm::automatic;
   }();
+  std::map<int, std::int64_t> ring_from_;  // by group size; others: default_ring_all_reduce_from
   std::map<std::vector<int>, MPI_Comm> comms_;
   std::vector<std::byte> ring_scratch_;  // one received segment
   struct Send {

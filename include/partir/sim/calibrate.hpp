@@ -13,12 +13,15 @@
 //     slope between chains of 1 and 65 ops on one element, run by execute() (devices sharing cores pay more);
 //   - alpha-beta per collective kind and group size: the executor's own collective path (the communicator
 //     plus its staging copies), fitted to the ring formula over a range of message sizes with relative
-//     least squares.
+//     least squares;
+//   - backends with two all_reduce algorithms (MPI): from which size partir's ring beats the library's, per
+//     group size (tune_collectives makes a communicator choose by it).
 // Each figure is the best of several rounds: what the machine does when nothing else runs on it (or, with
 // CalibrationOptions::typical, the median round).
 #include <unistd.h>
 
 #include <chrono>
+#include <limits>
 
 #include "partir/dsl/ops.hpp"
 #include "partir/dsl/trace.hpp"
@@ -42,6 +45,8 @@ struct CalibrationOptions {
   // Instead the median round: what a step typically meets on a shared machine rather than its best (a
   // prediction compared with a measured median).
   bool typical = false;
+  // ChoosesAllReduce backends: the buffer sizes at which both all_reduce algorithms are timed.
+  std::vector<std::int64_t> all_reduce_choice_bytes = {1 << 20, 1 << 22, 1 << 24, 1 << 25, 1 << 26};
 };
 
 namespace calibration {
@@ -140,7 +145,7 @@ template <Communicator C>
 double elementwise_flops_per_second(C& comm, DType t, const CalibrationOptions& o) {
   const std::int64_t elements = std::int64_t{1} << 15;  // 128 KiB in f32: in L2 with the chain's tiles
   Array x(TensorType{{elements}, t});
-  kernels::visit_float_dtype(t, OpKind::mul, [&](auto zero) { std::fill_n(kernels::ptr<decltype(zero)>(x), elements, decltype(zero)(1)); });
+  kernels::visit_dtype(t, [&](auto zero) { std::fill_n(kernels::ptr<decltype(zero)>(x), elements, decltype(zero)(1.0f)); });
   const std::array<const Array*, 1> inputs{&x};
   auto seconds = [&](int steps) {
     const FusionGroup g = elementwise_chain(steps, elements, t);
@@ -214,6 +219,41 @@ inline CollectiveCase collective_case(CollectiveKind kind, std::int64_t n, std::
   return c;
 }
 
+// One call of c as a step runs it: its result buffer goes back to the cache for the next call, which a fresh
+// buffer would pay to fault in (64 MiB here: 10x the collective's own time).
+template <Communicator C>
+void run_case(const CollectiveCase& c, const Array& in, C& comm) {
+  kernels::buffer_cache().give(detail::run_collective(c.collective, in, c.result, c.mesh, comm));
+}
+
+// Where partir's ring overtakes the library's all_reduce on groups of n (a ChoosesAllReduce backend): both are
+// timed at each of o.all_reduce_choice_bytes; returns the smallest size from which the ring was as fast or
+// faster at every larger size tried (int64 max: at none). The communicator's own choice is left as it was.
+template <ChoosesAllReduce C>
+std::int64_t ring_all_reduce_from(C& comm, std::int64_t n, const CalibrationOptions& o) {
+  constexpr auto never = std::numeric_limits<std::int64_t>::max();
+  const int group_size = static_cast<int>(n);
+  const std::int64_t before = comm.ring_all_reduce_from(group_size);
+  std::vector<std::pair<std::int64_t, bool>> ring_wins;  // by size, ascending
+  for (auto bytes : o.all_reduce_choice_bytes) {
+    const auto c = collective_case(CollectiveKind::all_reduce, n, comm.num_devices(), bytes);
+    const Array in(c.operand);
+    auto time = [&](std::int64_t ring_from) {
+      comm.set_ring_all_reduce_from(group_size, ring_from);
+      // One call per round: large ones take tens of milliseconds (Open MPI's 64 MiB one ~200 ms here).
+      return best_seconds_per_call(comm, {.warmup = 1, .rounds = o.rounds, .typical = o.typical}, 1,
+                                   [&] { run_case(c, in, comm); });
+    };
+    const double library = time(never), ring = time(0);
+    ring_wins.emplace_back(c.operand.bytes(), ring <= library);
+  }
+  comm.set_ring_all_reduce_from(group_size, before);
+  std::sort(ring_wins.begin(), ring_wins.end());
+  std::int64_t from = never;
+  for (auto it = ring_wins.rbegin(); it != ring_wins.rend() && it->second; ++it) from = it->first;
+  return from;
+}
+
 }  // namespace calibration
 
 template <Communicator C>
@@ -233,12 +273,8 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
   hw.elementwise_flops[DType::f32] = cal::elementwise_flops_per_second(comm, DType::f32, o);
   hw.elementwise_flops[DType::f64] = cal::elementwise_flops_per_second(comm, DType::f64, o);
   hw.elementwise_flops[DType::i32] = hw.elementwise_flops[DType::f32];
-  // 16-bit elementwise ops run unfused, widened to f32 and rounded back: one op's rate, in cache.
-  for (DType t : {DType::bf16, DType::f16}) {
-    const TensorType x{{std::int64_t{1} << 15}, t};
-    hw.elementwise_flops[t] = static_cast<double>(x.elements()) /
-                              cal::op_seconds(comm, Op{OpKind::mul, {0, 1}, {}, x, ""}, {x, x}, o, o.iterations * 10);
-  }
+  // 16-bit elementwise ops run as fused groups, a lone one too: f32 math, each step rounded to 16 bits.
+  for (DType t : {DType::bf16, DType::f16}) hw.elementwise_flops[t] = cal::elementwise_flops_per_second(comm, t, o);
   // 16 MiB per tensor, MLP-sized: bigger than the caches, small enough for the allocator to reuse.
   const TensorType flat{{std::int64_t{1} << 22}}, wide{{1024, 4096}}, tall{{4096, 1024}}, scalar{{}};
   for (std::int64_t elements = std::int64_t{1} << 18; elements <= flat.elements(); elements *= 2) {
@@ -261,15 +297,14 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
 
   for (std::int64_t n = 2; n <= devices; ++n) {
     if (devices % n) continue;
+    if constexpr (ChoosesAllReduce<C>) hw.ring_all_reduce_from[n] = cal::ring_all_reduce_from(comm, n, o);
     for (auto kind : {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
                       CollectiveKind::all_to_all}) {
       std::vector<std::pair<double, double>> samples;
       for (auto bytes : o.message_bytes) {
         const auto c = cal::collective_case(kind, n, devices, bytes);
         const Array in(c.operand);
-        const double t = cal::best_seconds_per_call(comm, o, o.iterations, [&] {
-          (void)detail::run_collective(c.collective, in, c.result, c.mesh, comm);
-        });
+        const double t = cal::best_seconds_per_call(comm, o, o.iterations, [&] { cal::run_case(c, in, comm); });
         samples.emplace_back(static_cast<double>(std::max(c.operand.bytes(), c.result.bytes())), t);
       }
       const double steps = static_cast<double>((kind == CollectiveKind::all_reduce ? 2 : 1) * (n - 1));
@@ -287,6 +322,13 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
     }
   if (hw.links.empty()) hw.links.push_back({"*", "*", 0, {}});  // one device: no communication to cost
   return hw;
+}
+
+// Gives comm the algorithm choices hw measured (ring_all_reduce_from); other backends have none to tune.
+template <Communicator C>
+void tune_collectives(C& comm, const HardwareProfile& hw) {
+  if constexpr (ChoosesAllReduce<C>)
+    for (auto [n, bytes] : hw.ring_all_reduce_from) comm.set_ring_all_reduce_from(static_cast<int>(n), bytes);
 }
 
 }  // namespace partir

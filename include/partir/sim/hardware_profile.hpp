@@ -5,6 +5,7 @@
 // the most specific matching rule winning. Profiles are values: built in (this CPU class, A100/H100/H200
 // NVLink from public specs), calibrated on the real machine (sim/calibrate.hpp), saved and loaded as JSON.
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -78,6 +79,10 @@ struct HardwareProfile {
   // NICs move the bytes (GPUs), 0 where the device's own cores copy and add them (a CPU: this machine's BP step
   // is no faster with the stream, bench/step_time). The simulator charges the compute stream the rest.
   double overlap = 1;
+  // Backends with two all_reduce algorithms (ChoosesAllReduce: MPI's library and partir's ring), by group size:
+  // the buffer bytes from which calibration measured the ring faster at every larger size it tried (int64 max:
+  // never). tune_collectives gives them to a communicator; a group size without an entry keeps its default.
+  std::map<std::int64_t, std::int64_t> ring_all_reduce_from;
 
   double flops_per_second(DType t) const {
     auto it = peak_flops.find(t);
@@ -262,6 +267,8 @@ PARTIR_ENTRY json::Value HardwareProfile::to_json() const {
   for (const auto& [t, f] : peak_flops) flops[std::string(name_of(t))] = f;
   for (const auto& [t, f] : elementwise_flops) elementwise[std::string(name_of(t))] = f;
   for (const auto& [k, b] : op_bandwidth) per_op[std::string(name_of(k))] = b;
+  json::Value ring_from = json::Value::object();  // {"group size": bytes}
+  for (const auto& [n, b] : ring_all_reduce_from) ring_from[std::to_string(n)] = b;
   json::Value rules = json::Value::array();
   for (const auto& r : links) {
     json::Value rule = {{"axis", r.axis}, {"collective", r.collective}, {"group_size", r.group_size},
@@ -272,7 +279,7 @@ PARTIR_ENTRY json::Value HardwareProfile::to_json() const {
   return {{"name", name}, {"source", source}, {"peak_flops", flops}, {"gemm_curve", gemm_curve},
           {"elementwise_flops", elementwise}, {"memory_bandwidth", memory_bandwidth}, {"op_bandwidth", per_op},
           {"cache_curve", cache_curve}, {"op_overhead", op_overhead}, {"memory_capacity", memory_capacity},
-          {"links", rules}, {"overlap", overlap}};
+          {"links", rules}, {"overlap", overlap}, {"ring_all_reduce_from", ring_from}};
 }
 
 PARTIR_ENTRY HardwareProfile HardwareProfile::from_json(const json::Value& v) {
@@ -291,6 +298,13 @@ PARTIR_ENTRY HardwareProfile HardwareProfile::from_json(const json::Value& v) {
   if (auto* o = json::find(v, "op_overhead")) p.op_overhead = get<double>(*o);
   if (auto* m = json::find(v, "memory_capacity")) p.memory_capacity = get<std::int64_t>(*m);
   if (auto* o = json::find(v, "overlap")) p.overlap = get<double>(*o);
+  if (auto* r = json::find(v, "ring_all_reduce_from"))
+    for (const auto& [n, b] : json::as_object(*r).items()) {
+      std::int64_t size = 0;
+      if (std::from_chars(n.data(), n.data() + n.size(), size).ptr != n.data() + n.size() || size < 2)
+        user_error("hardware profile: ring_all_reduce_from: '" + n + "' is not a group size (an integer >= 2)");
+      p.ring_all_reduce_from[size] = get<std::int64_t>(b);
+    }
   const json::Value links = json::at(v, "links");  // a copy: GCC 13 cannot tell the reference outlives "links"
   for (const auto& r : json::as_array(links)) {
     LinkRule rule;

@@ -33,7 +33,7 @@ namespace partir {
 
 // What lowering does beyond the plan's own collectives.
 struct LowerOptions {
-  std::int64_t bucket_bytes = 0;  // fuse smaller all_reduces into buckets of this size (bucket.hpp); 0: off
+  std::int64_t bucket_bytes = 0;  // fuse smaller all_reduces and reduce_scatters into buckets of this size (bucket.hpp); 0: off
   // Collectives moved up to where their operands are ready, for the executor's communication stream to overlap
   // with the ops in between; a move that keeps a larger result alive longer stays within prefetch_bytes of such
   // results in flight (schedule.hpp; one_collective_ahead: the largest one's).
@@ -656,7 +656,7 @@ class Lowering {
 }  // namespace detail
 
 PARTIR_ENTRY SpmdProgram lower(const Partitioned& plan, const LowerOptions& options) {
-  SpmdProgram lowered = bucket_all_reduces(detail::Lowering(plan).run(), options.bucket_bytes);
+  SpmdProgram lowered = bucket_collectives(detail::Lowering(plan).run(), options.bucket_bytes);
   return options.early_collectives ? schedule_collectives(lowered, options.prefetch_bytes) : lowered;
 }
 #endif

@@ -109,21 +109,30 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
   auto buf = [&](std::size_t i) { return loaded.data() + i * static_cast<std::size_t>(width); };
   const bool padded = n < b;  // one block with every input padded by its first element, as blockwise does
   std::vector<const T*> in(ins), args;
+  // Input k's elements from i0 into its buffer, widened from 16 bits (the group's own type, or the operand of
+  // a widening convert into an f32 group).
+  auto load = [&](std::size_t k, const FusedInput& fi, std::int64_t i0, std::int64_t len) {
+    if constexpr (std::is_same_v<S, float>) {
+      if (inputs[k]->dtype() == DType::bf16) return load_pattern(fi, ptr<bf16>(*inputs[k]), i0, len, buf(k));
+      if (inputs[k]->dtype() == DType::f16) return load_pattern(fi, ptr<f16>(*inputs[k]), i0, len, buf(k));
+    }
+    load_pattern(fi, ptr<S>(*inputs[k]), i0, len, buf(k));
+  };
   auto run_tile = [&](std::int64_t i0, std::int64_t len) {
     for (std::size_t k = 0; k < ins; ++k) {
       const FusedInput& fi = g.inputs[k];
-      const S* x = ptr<S>(*inputs[k]);
+      const bool widens = half || is_half(inputs[k]->dtype());
       if (padded) {
-        load_pattern(fi.mod ? fi : FusedInput{fi.value, 1, n}, x, 0, n, buf(k));
+        load(k, fi.mod ? fi : FusedInput{fi.value, 1, n}, 0, n);
         std::fill(buf(k) + n, buf(k) + b, buf(k)[0]);
         in[k] = buf(k);
-      } else if (fi.mod == 0 && half) {
-        load_pattern(fi, x, i0, len, buf(k));
+      } else if (fi.mod == 0 && widens) {
+        load(k, fi, i0, len);
         in[k] = buf(k);
       } else if (fi.mod == 0) {
-        if constexpr (!half) in[k] = x + i0;
+        if constexpr (!half) in[k] = ptr<S>(*inputs[k]) + i0;
       } else if (fi.mod != 1 || i0 == 0) {  // a scalar is loaded once
-        load_pattern(fi, x, i0, len, buf(k));
+        load(k, fi, i0, len);
         in[k] = buf(k);
       }
     }

@@ -4,8 +4,9 @@
 // select) of one float dtype whose inner values each feed exactly one op of the group and nothing else; its
 // root's result is the only buffer it writes. A broadcast_in_dim whose every user is in some group is never
 // materialized: the groups read its operand through an index pattern instead (a scalar, a row repeated, a
-// column stretched). Everything else runs op by op. Pure IR analysis: the executor, the interpreter and the
-// simulator (for memory) all read the same plan.
+// column stretched); nor is a convert from 16 bits to f32 (a mixed-precision gradient entering the f32
+// update): the groups widen its operand as they load it. Everything else runs op by op. Pure IR analysis:
+// the executor, the interpreter and the simulator (for memory) all read the same plan.
 //
 // Fused results are bitwise equal to unfused ones: each op still computes every element with the same
 // fixed-size vector code (kernels::blockwise), only without the round trip through memory in between.
@@ -39,7 +40,8 @@ inline bool fusion_enabled() { return detail::fusion_enabled(); }
 // Applies to the plans made afterwards (each run makes its own).
 inline void set_fusion(bool on) { detail::fusion_enabled() = on; }
 
-// A group input: value `value` read at element (i / div) % mod for element i of the group (mod 0: i itself).
+// A group input: value `value` read at element (i / div) % mod for element i of the group (mod 0: i itself),
+// widened as it is loaded where it is 16-bit and the group f32.
 struct FusedInput {
   ValueId value = -1;
   std::int64_t div = 1, mod = 0;
@@ -125,6 +127,9 @@ inline std::optional<FusedInput> broadcast_pattern(const Shape& x, const Op& b) 
   return in;
 }
 
+// A convert from 16 bits to f32 is exact: a group reads its operand widened, tile by tile.
+inline bool widens_exactly(DType from, DType to) { return is_half(from) && to == DType::f32; }
+
 }  // namespace detail
 
 PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const Op&(ValueId)>& op,
@@ -159,19 +164,22 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
       const bool joins = u.size() == 1 && !is_output[static_cast<std::size_t>(v)] && group_of[static_cast<std::size_t>(u[0])] >= 0;
       group_of[static_cast<std::size_t>(v)] = joins ? group_of[static_cast<std::size_t>(u[0])] : groups++;
     }
-    // Broadcasts read through a pattern: every user is a member and the pattern exists.
+    // Broadcasts and widening converts read through a pattern: every user is a member and the pattern exists.
     std::vector<std::optional<FusedInput>> pattern(n);
     for (ValueId v = 0; v < size; ++v) {
       const Op& o = op(v);
-      if (!computed(v) || o.kind != OpKind::broadcast_in_dim || is_output[static_cast<std::size_t>(v)] ||
-          users[static_cast<std::size_t>(v)].empty())
-        continue;
+      if (!computed(v) || is_output[static_cast<std::size_t>(v)] || users[static_cast<std::size_t>(v)].empty()) continue;
       bool all_members = true;
       for (auto u : users[static_cast<std::size_t>(v)]) all_members &= group_of[static_cast<std::size_t>(u)] >= 0;
-      if (all_members) pattern[static_cast<std::size_t>(v)] = detail::broadcast_pattern(op(o.operands[0]).type.shape, o);
+      if (!all_members) continue;
+      if (o.kind == OpKind::broadcast_in_dim)
+        pattern[static_cast<std::size_t>(v)] = detail::broadcast_pattern(op(o.operands[0]).type.shape, o);
+      else if (o.kind == OpKind::convert && detail::widens_exactly(op(o.operands[0]).type.dtype, o.type.dtype))
+        pattern[static_cast<std::size_t>(v)] = FusedInput{o.operands[0]};
     }
-    // Build the groups in program order; a lone op with no pattern input stays a plain op.
+    // Build the groups in program order.
     std::vector<FusionGroup> built(static_cast<std::size_t>(groups));
+    std::vector<char> patterned(static_cast<std::size_t>(groups), 0);
     std::vector<int> step_of(n, -1);
     for (ValueId v = 0; v < size; ++v) {
       const int g = group_of[static_cast<std::size_t>(v)];
@@ -184,7 +192,9 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
           s.args.push_back(step_of[static_cast<std::size_t>(a)]);
           continue;
         }
-        const FusedInput in = pattern[static_cast<std::size_t>(a)] ? *pattern[static_cast<std::size_t>(a)] : FusedInput{a};
+        const auto& pat = pattern[static_cast<std::size_t>(a)];
+        patterned[static_cast<std::size_t>(g)] |= pat.has_value();
+        const FusedInput in = pat ? *pat : FusedInput{a};
         auto it = std::find(grp.inputs.begin(), grp.inputs.end(), in);
         if (it == grp.inputs.end()) it = grp.inputs.insert(grp.inputs.end(), in);
         s.args.push_back(-1 - static_cast<int>(it - grp.inputs.begin()));
@@ -194,17 +204,18 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
       grp.root = v;
       grp.type = o.type;
     }
-    for (auto& grp : std::views::reverse(built)) {  // numbered walking backwards: ascending roots
-      bool patterned = false;
-      for (const auto& in : grp.inputs) patterned |= in.mod != 0;
-      if (grp.steps.size() < 2 && !patterned) continue;  // nothing to gain: the plain kernel runs it
+    for (std::size_t g = built.size(); g-- > 0;) {  // numbered walking backwards: ascending roots
+      FusionGroup& grp = built[g];
+      // A lone op gains nothing, unless it reads a pattern or is 16-bit: the plain kernel would widen whole
+      // operands to f32 copies, the group widens a tile at a time in registers.
+      if (grp.steps.size() < 2 && !patterned[g] && !is_half(grp.type.dtype)) continue;
       for (const auto& s : grp.steps)
         if (s.value != grp.root) skipped_[static_cast<std::size_t>(s.value)] = 1;
       root_of_[static_cast<std::size_t>(grp.root)] = static_cast<int>(groups_.size());
       groups_.push_back(std::move(grp));
     }
-    // A patterned broadcast is skipped once every user is in a group that was kept; otherwise it is
-    // materialized after all, and the groups read the pattern anyway (same values).
+    // A patterned broadcast or convert is skipped once every user is in a group that was kept; otherwise it
+    // is materialized after all, and the groups read the pattern anyway (same values).
     for (ValueId v = 0; v < size; ++v) {
       if (!pattern[static_cast<std::size_t>(v)]) continue;
       bool all_fused = true;

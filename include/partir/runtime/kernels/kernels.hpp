@@ -2,10 +2,10 @@
 // Single-device CPU kernels: one per op kind, on row-major Arrays, through Eigen/Core maps of their buffers
 // (no Eigen Tensor module: it would add seconds of compile time to every translation unit).
 // Float math is instantiated for f32 and f64 only; ops that move, compare or sum data also take i32.
-// bf16 and f16 are storage types: ops that move data copy their 16-bit words, every other op widens its
-// 16-bit operands to f32, runs the f32 kernel and rounds the result back (eval_in_f32), so elementwise math
-// runs in f32 registers and sums and dots accumulate in f32. A bf16 dot_general or convolution is one oneDNN
-// bf16 primitive (f32 accumulation) where the engine allows it.
+// bf16 and f16 are storage types: ops that move data copy their 16-bit words, elementwise ones run as fused
+// groups in f32 registers (fusion.hpp, a lone op too), every other op widens its 16-bit operands to f32, runs
+// the f32 kernel and rounds the result back (eval_in_f32), so sums and dots accumulate in f32. A bf16
+// dot_general or convolution is one oneDNN bf16 primitive (f32 accumulation) where the engine allows it.
 // Every layout op (broadcast, transpose, slice, pad, concatenate) is one strided copy, and dot_general is
 // one batched oneDNN matmul or a loop of GEMMs (BLAS or Eigen; see gemm_engine.hpp) on the operands in place
 // wherever their layout allows it.
