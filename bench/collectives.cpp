@@ -466,7 +466,7 @@ void compare_algorithms(p::mpi::Communicator& comm, const Options& o, Collective
   if (me == 0 && kind == CollectiveKind::all_reduce) {
     const std::int64_t from = comm.ring_all_reduce_from(g.size());
     std::printf("# partir's all_reduce on groups of %d: %s (%s)\n", g.size(),
-                from == std::numeric_limits<std::int64_t>::max() ? "MPI_Allreduce at every size"
+                from == partir::ring_all_reduce_never ? "MPI_Allreduce at every size"
                                                                  : ("ring from " + std::to_string(from) + " B").c_str(),
                 o.profile_path.empty() ? "default; --profile uses a calibrated crossover" : o.profile_path.c_str());
   }

@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
   // from 4 KiB, the 4-rank group never; the checks again under that choice. Calibration times both algorithms
   // and leaves the choice as it found it.
   {
-    constexpr auto never = std::numeric_limits<std::int64_t>::max();
+    constexpr auto never = partir::ring_all_reduce_never;
     partir::mpi::Communicator c;
     static_assert(partir::ChoosesAllReduce<partir::mpi::Communicator>);
     const auto from = partir::mpi::Communicator::default_ring_all_reduce_from;

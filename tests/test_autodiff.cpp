@@ -409,6 +409,9 @@ TEST_CASE("autodiff: pooling (window sums and maxima)") {
 TEST_CASE("autodiff: composite functions") {
   std::mt19937_64 gen(9);
   SUBCASE("softmax") { check_unary([](const Tensor& x) { return softmax(x); }, uniform(gen, {3, 4}, -2, 2)); }
+  SUBCASE("softmax, along dim 1 of 3") {
+    check_unary([](const Tensor& x) { return softmax(x, 1); }, uniform(gen, {2, 3, 4}, -2, 2));
+  }
   SUBCASE("log_softmax, along dim 0") {
     check_unary([](const Tensor& x) { return log_softmax(x, 0); }, uniform(gen, {3, 4}, -2, 2));
   }
@@ -431,6 +434,56 @@ TEST_CASE("autodiff: composite functions") {
   SUBCASE("mlp, parameters included") {
     check_grad([](const std::vector<Tensor>& xs) { return mse(nn::Mlp{"mlp", {3, 4, 2}}(xs[0]), xs[1]); },
                {f64("x", {5, 3}), f64("y", {5, 2})}, {{"x", uniform(gen, {5, 3})}, {"y", uniform(gen, {5, 2})}});
+  }
+}
+
+// softmax, log_softmax and layer_norm's normalization differentiate by their rule (autodiff/grad.hpp): the
+// backward pass reads their result and layer_norm's 1 / sigma, none of their other inner values (which the
+// VJPs of their ops would keep alive until the backward pass: f32 copies under mixed precision). In 16 bits
+// too, where the rule reads the rounded result; the gradient is what the ops' own VJPs give, within bf16.
+TEST_CASE("grad: composites differentiate by their rule and keep no inner value for the backward pass") {
+  std::mt19937_64 gen(31);
+  auto model = [](const std::vector<Tensor>& xs) {
+    const Tensor x = xs[0];
+    const Tensor probs = softmax(x, 1), logp = log_softmax(x), normed = layer_norm(x, xs[1], xs[2]);
+    return sum(convert(probs * normed + logp, DType::f32) * convert(xs[3], DType::f32));
+  };
+  for (DType t : {DType::f32, DType::bf16}) {
+    CAPTURE(name_of(t));
+    const std::vector<InputSpec> specs{{"x", {4, 6}, t}, {"gamma", {6}, t}, {"beta", {6}, t}, {"r", {4, 6}, t}};
+    const Program forward = trace("f", [&](const std::vector<Tensor>& xs) { return NamedTensors{{"loss", model(xs)}}; }, specs);
+    REQUIRE(forward.composites().size() == 3);
+    const Program with_grad = value_and_grad(forward, "loss", {"x", "gamma"});
+    verify(with_grad);
+    for (const auto& [root, c] : forward.composites())
+      for (ValueId u = *with_grad.backward_start(); u < with_grad.size(); ++u)
+        for (auto v : with_grad.op(u).operands) {
+          INFO("backward op %" << u << " reads %" << v << " of the composite ending at %" << root);
+          CHECK((v < c.first || v >= root || v == c.saved));
+        }
+    // The same program whose composites have an inner value as an output: differentiated op by op.
+    Program op_by_op = forward;
+    for (const auto& [root, c] : forward.composites()) op_by_op.add_output("inner%" + std::to_string(root), root - 1);
+    const Program reference = value_and_grad(op_by_op, "loss", {"x", "gamma"});
+    bool reads_inner = false;
+    for (ValueId u = *reference.backward_start(); u < reference.size(); ++u)
+      for (auto v : reference.op(u).operands)
+        for (const auto& [root, c] : forward.composites()) reads_inner |= v >= c.first && v < root && v != c.saved;
+    CHECK(reads_inner);
+    NamedArrays in;
+    for (const auto& s : specs) {
+      const Array values = uniform(gen, s.shape, -2, 2);
+      Array a({s.shape, t});
+      for (std::int64_t i = 0; i < a.size(); ++i) a.set(i, values.at(i));
+      in.emplace(s.name, std::move(a));
+    }
+    const NamedArrays got = interpret(with_grad, in), want = interpret(reference, in);
+    for (const char* g : {"grad/x", "grad/gamma"}) {
+      INFO(g);
+      const Array &a = got.at(g), &b = want.at(g);
+      for (std::int64_t i = 0; i < a.size(); ++i)
+        CHECK(std::abs(a.at(i) - b.at(i)) <= (t == DType::f32 ? 1e-5 : 0.05) * (1 + std::abs(b.at(i))));
+    }
   }
 }
 

@@ -478,26 +478,26 @@ TEST_SUITE("host") {
       Array got(want.type());
       const Array& x = args[0];
       if (c.kind == OpKind::convolution) {  // the kernel's threads: one per output element [n, p, o]
-        const gpu::WindowShape s = gpu::convolution_shape(x.shape(), c.w, want.shape(), c.attrs);
+        const kernels::WindowShape s = kernels::convolution_shape(x.shape(), c.w, want.shape(), c.attrs);
         const std::int64_t C = x.shape().back(), O = c.w.back(), G = c.attrs.conv.feature_groups, X = x.size() / x.shape()[0] / C;
         for (std::int64_t i = 0; i < want.size(); ++i) {
           const std::int64_t o = i % O, p = i / O % s.positions, n = i / O / s.positions;
           double sum = 0;
           for (std::int64_t t = 0; t < s.taps; ++t)
-            if (const std::int64_t at = gpu::window_source(s, p, t); at >= 0)
+            if (const std::int64_t at = kernels::window_source(s, p, t); at >= 0)
               for (std::int64_t ch = 0; ch < C / G; ++ch)
                 sum += x.at((n * X + at) * C + o / (O / G) * (C / G) + ch) * args[1].at((t * (C / G) + ch) * O + o);
           got.set(i, sum);
         }
       } else {  // one thread per window
         const bool scatter = c.kind == OpKind::select_and_scatter;
-        const gpu::WindowShape s =
-            gpu::window_shape(c.kind, x.shape(), c.attrs.window.window, scatter ? args[1].shape() : want.shape(), c.attrs);
+        const kernels::WindowShape s =
+            kernels::window_shape(c.kind, x.shape(), c.attrs.window.window, scatter ? args[1].shape() : want.shape(), c.attrs);
         for (std::int64_t p = 0; p < s.positions; ++p) {
           double r = c.kind == OpKind::reduce_window_sum ? 0 : -INFINITY;
           std::int64_t best = -1;
           for (std::int64_t t = 0; t < s.taps; ++t)
-            if (const std::int64_t at = gpu::window_source(s, p, t); at >= 0) {
+            if (const std::int64_t at = kernels::window_source(s, p, t); at >= 0) {
               if (c.kind == OpKind::reduce_window_sum) r += x.at(at);
               else if (best < 0 || x.at(at) > r) r = x.at(at), best = at;
             }

@@ -415,6 +415,34 @@ TEST_CASE("early collectives: each moves up to its operand, within the prefetch 
   }
 }
 
+// A collective of values made from constants alone reads nothing the program computes before it (remat.hpp
+// makes a gain's broadcast again from its shard, and ZeRO-3 gathers that): it moves up to right after the first
+// instruction, never before it.
+TEST_CASE("early collectives: a collective of a constant's broadcast moves to the top") {
+  SpmdProgram p("constant", Mesh{{"d", 2}});
+  const auto x = p.add({local_op(OpKind::input, {}, {{4}}, {}, "x")});
+  p.add_input({"x", x, {{4}}, Sharding::replicated(1), ""});
+  const auto e = p.add({local_op(OpKind::exp, {x}, {{4}})});
+  Attrs one, row;
+  one.literal = {1};
+  row.shape = {4};
+  const auto c = p.add({local_op(OpKind::constant, {}, {{}}, one)});
+  const auto b = p.add({local_op(OpKind::broadcast_in_dim, {c}, {{4}}, row)});
+  const auto sum = p.add({local_op(OpKind::input, {b}, {{4}}), Collective{CollectiveKind::all_reduce, {"d"}}});
+  p.add_output({"e", e, {{4}}, Sharding::replicated(1), ""});
+  p.add_output({"sum", sum, {{4}}, Sharding::replicated(1), ""});
+  const SpmdProgram early = schedule_collectives(p, 1 << 20);
+  std::vector<OpKind> order;
+  for (const auto& s : early.ops()) order.push_back(s.collective ? OpKind::count_ : s.op.kind);
+  CHECK(order == std::vector<OpKind>{OpKind::input, OpKind::constant, OpKind::broadcast_in_dim, OpKind::count_, OpKind::exp});
+  const NamedArrays in{{"x", random_array({4}, 5)}};
+  const auto plain = execute_on_threads(p, in), moved = execute_on_threads(early, in);
+  for (std::size_t d = 0; d < plain.size(); ++d) {
+    CHECK(moved[d].outputs.at("e") == plain[d].outputs.at("e"));
+    for (std::int64_t i = 0; i < 4; ++i) CHECK(moved[d].outputs.at("sum").at(i) == 2);
+  }
+}
+
 TEST_CASE("async collectives: the communication stream computes what inline collectives do, bitwise") {
   const Program step = mlp_step(16, {8, 32, 8, 32, 8}, true);
   const NamedArrays state = init_inputs(step, 9, true);

@@ -7,6 +7,7 @@
 // operands, reduce_max splits it evenly among the tied maxima, abs has slope 0 at 0, compare has no
 // gradient, and integer (i32) values never get one.
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <optional>
 
@@ -378,6 +379,48 @@ void vjp(Program& p, ValueId v, const Op& op, const Tensor& g, const std::vector
   }
 }
 
+// A composite's rule (ir/program.hpp), from its result y and y's adjoint g; math in f32 whatever y's dtype
+// (the f32 list), the adjoint of the input in the input's dtype:
+//   softmax      dx = y (g - sum(g y))
+//   log_softmax  dx = g - exp(y) sum(g)
+//   normalize    dx = (g - mean(g) - y mean(g y)) / sigma   (y = (x - mean(x)) / sigma, `saved` = 1 / sigma)
+// Reading y rounded to 16 bits costs the gradient less than the 16-bit adjoint it returns to.
+inline Tensor composite_vjp(Program& p, ValueId root, const Composite& c, const Tensor& g) {
+  auto f32 = [](const Tensor& t) { return is_half(t.dtype()) ? convert(t, DType::f32) : t; };
+  const Tensor y = f32(Tensor{p, root}), g32 = f32(g);
+  const std::vector<std::int64_t> axis{c.axis};
+  Tensor dx = g32;
+  switch (c.kind) {
+    case Composite::Kind::softmax: dx = y * (g32 - sum(g32 * y, axis, true)); break;
+    case Composite::Kind::log_softmax: dx = g32 - exp(y) * sum(g32, axis, true); break;
+    case Composite::Kind::normalize:
+      dx = (g32 - mean(g32, axis, true) - y * mean(g32 * y, axis, true)) * Tensor{p, c.saved};
+      break;
+  }
+  return dx.dtype() == p.type(c.input).dtype ? dx : convert(dx, p.type(c.input).dtype);
+}
+
+// The composites whose rule replaces their ops' VJPs: those below the loss whose inner values nothing outside
+// them reads (no later op, output or wrt value); any other differentiates op by op.
+inline std::map<ValueId, Composite> closed_composites(const Program& p, ValueId loss, const std::vector<ValueId>& wrt) {
+  std::vector<ValueId> inside(static_cast<std::size_t>(p.size()), -1);  // the root of the composite v is inside
+  std::map<ValueId, Composite> closed;
+  for (const auto& [root, c] : p.composites()) {
+    if (root > loss) continue;
+    closed.emplace(root, c);
+    for (ValueId v = c.first; v < root; ++v) inside[static_cast<std::size_t>(v)] = root;
+  }
+  auto open = [&](ValueId v, ValueId reader) {
+    const auto c = closed.find(inside[static_cast<std::size_t>(v)]);
+    if (c != closed.end() && !(reader >= c->second.first && reader <= c->first)) closed.erase(c);
+  };
+  for (ValueId u = 0; u < p.size(); ++u)
+    for (auto v : p.op(u).operands) open(v, u);
+  for (const auto& o : p.outputs()) open(o.value, -1);
+  for (auto w : wrt) open(w, -1);
+  return closed;
+}
+
 }  // namespace detail
 
 PARTIR_ENTRY std::vector<ValueId> grad(Program& p, ValueId loss, const std::vector<ValueId>& wrt) {
@@ -406,6 +449,7 @@ PARTIR_ENTRY std::vector<ValueId> grad(Program& p, ValueId loss, const std::vect
     for (auto o : op.operands) needs[static_cast<std::size_t>(v)] |= needs[static_cast<std::size_t>(o)];
   }
 
+  const auto composites = detail::closed_composites(p, loss, wrt);
   std::vector<std::optional<ValueId>> adjoint(n);
   p.mark_backward_start(p.size());
   if (needs[static_cast<std::size_t>(loss)]) {
@@ -422,10 +466,18 @@ PARTIR_ENTRY std::vector<ValueId> grad(Program& p, ValueId loss, const std::vect
     if (op.kind != OpKind::input && !op.name.empty() && p.op(*g).kind != OpKind::input && p.op(*g).name.empty())
       p.tag(*g, "grad/" + op.name);
     const ValueId first = static_cast<ValueId>(p.size());
-    detail::vjp(p, v, op, Tensor{p, *g}, needs, [&](std::size_t i, const Tensor& contribution) {
-      auto& slot = adjoint[static_cast<std::size_t>(op.operands[i])];
+    auto accumulate = [&](ValueId to, const Tensor& contribution) {
+      auto& slot = adjoint[static_cast<std::size_t>(to)];
       slot = slot ? (Tensor{p, *slot} + contribution).id() : contribution.id();
-    });
+    };
+    // A composite's inner values get no adjoint: the walk passes them by.
+    if (auto c = composites.find(v); c != composites.end()) {
+      if (needs[static_cast<std::size_t>(c->second.input)])
+        accumulate(c->second.input, detail::composite_vjp(p, v, c->second, Tensor{p, *g}));
+    } else {
+      detail::vjp(p, v, op, Tensor{p, *g}, needs,
+                  [&](std::size_t i, const Tensor& contribution) { accumulate(op.operands[i], contribution); });
+    }
     p.mark_vjp(first, static_cast<ValueId>(p.size()), v);
   }
 

@@ -8,8 +8,14 @@
 // each attention core's q, k, v and context; nn::Mlp the input and output of its activation function), and a
 // Remat names regions by those marks. A region runs from values matching `from` to values matching `to`: the
 // values reached forward from a `from` value and backward from a `to` value, without passing another mark, are
-// recomputed; marked values, inputs and everything outside every region are kept. What the recomputation reads that cheap ops make from inputs alone (a bias
-// broadcast, a parameter's cast, the causal mask) is recomputed too, not kept for it.
+// recomputed; marked values, inputs and everything outside every region are kept.
+//
+// Whatever the policy, Remat::none() included, a value that cheap ops make from inputs and constants alone (a
+// scalar's or a bias's broadcast, a parameter's 16-bit cast, the causal mask) is computed again where the
+// backward pass or a recomputation reads it, not kept alive from the forward pass for it (XLA rematerializes
+// broadcasts alike): it costs an elementwise op or nothing (a fused group reads a broadcast as a pattern), and
+// saves per GPT layer the broadcast constants of GELU and attention and, under mixed precision, the 16-bit
+// parameter copies (2 bytes per parameter until the backward pass).
 //
 // rematerialize() rewrites a program with a backward pass (train_step's): each recomputed value is computed
 // again just before its first use in the backward pass, from kept values, by the same ops in the same order, so
@@ -61,7 +67,8 @@ struct Remat {
   static RematRegion attention_core() { return {{"**/attn/q", "**/attn/k", "**/attn/v"}, {"**/attn/context"}}; }
 };
 
-// p with the values `remat` selects recomputed in the backward pass (see above). Remat::none() returns p.
+// p with the values `remat` selects, and the cheap ones the backward pass reads, recomputed in the backward pass
+// (see above); p itself if there is nothing to recompute.
 PARTIR_ENTRY Program rematerialize(const Program& p, const Remat& remat);
 
 #if PARTIR_DEFINE_ENTRIES
@@ -143,15 +150,16 @@ inline std::vector<bool> recomputed_values(const Program& p, const Remat& r, con
 }  // namespace detail
 
 PARTIR_ENTRY Program rematerialize(const Program& p, const Remat& remat) {
-  if (remat.regions.empty()) return p;
   const auto backward = p.backward_start();
-  if (!backward) user_error("remat '" + remat.name + "': program '" + p.name() + "' has no backward pass to recompute in");
+  if (!backward) {
+    if (remat.regions.empty()) return p;
+    user_error("remat '" + remat.name + "': program '" + p.name() + "' has no backward pass to recompute in");
+  }
   const std::vector<char> forward = detail::forward_ops(p, *backward);
   const std::vector<bool> recomputed = detail::recomputed_values(p, remat, forward);
-  if (std::none_of(recomputed.begin(), recomputed.end(), [](bool b) { return b; }))
+  if (!remat.regions.empty() && std::none_of(recomputed.begin(), recomputed.end(), [](bool b) { return b; }))
     user_error("remat '" + remat.name + "': its regions of program '" + p.name() + "' hold no value to recompute");
-  // Values made from inputs and constants by cheap ops alone (a bias broadcast, a parameter's cast, a mask):
-  // recomputed wherever a recomputation reads them, rather than kept alive from the forward pass for it.
+  // Values made from inputs and constants by cheap ops alone (see above).
   std::vector<bool> cheap(static_cast<std::size_t>(p.size()), false);
   for (ValueId v = 0; v < p.size(); ++v) {
     if (!forward[static_cast<std::size_t>(v)]) continue;
@@ -164,6 +172,15 @@ PARTIR_ENTRY Program rematerialize(const Program& p, const Remat& remat) {
          }));
   }
 
+  auto read_again = [&](ValueId reader, ValueId v) {
+    const auto k = static_cast<std::size_t>(v);
+    return !forward[static_cast<std::size_t>(reader)] && (recomputed[k] || (cheap[k] && p.op(v).kind != OpKind::constant));
+  };
+  bool any = false;
+  for (ValueId v = *backward; v < p.size() && !any; ++v)
+    for (auto o : p.op(v).operands) any |= read_again(v, o);
+  if (!any) return p;
+
   Program out(p.name());
   std::vector<ValueId> copy(static_cast<std::size_t>(p.size()), -1), again(copy);
   // v computed again, from kept values, before its first use in the backward pass (once: later uses share it).
@@ -175,9 +192,10 @@ PARTIR_ENTRY Program rematerialize(const Program& p, const Remat& remat) {
       const auto k = static_cast<std::size_t>(o);
       o = recomputed[k] || cheap[k] ? recompute(o) : copy[k];
     }
-    op.name = "remat(" + remat.name + ")" + (op.name.empty() ? "" : ":" + op.name);
+    const std::string policy = recomputed[static_cast<std::size_t>(v)] ? remat.name : "cheap";
+    op.name = "remat(" + policy + ")" + (op.name.empty() ? "" : ":" + op.name);
     slot = out.add_unchecked(std::move(op));
-    out.add_recompute({slot, copy[static_cast<std::size_t>(v)], remat.name});
+    out.add_recompute({slot, copy[static_cast<std::size_t>(v)], policy});
     return slot;
   };
   auto segment = p.segments().begin();
@@ -186,9 +204,7 @@ PARTIR_ENTRY Program rematerialize(const Program& p, const Remat& remat) {
     for (; segment != p.segments().end() && segment->begin == v; ++segment)
       out.begin_segment({static_cast<ValueId>(out.size()), segment->microbatch, segment->pass});
     Op op = p.op(v);
-    for (auto& o : op.operands)
-      o = !forward[static_cast<std::size_t>(v)] && recomputed[static_cast<std::size_t>(o)] ? recompute(o)
-                                                                                           : copy[static_cast<std::size_t>(o)];
+    for (auto& o : op.operands) o = read_again(v, o) ? recompute(o) : copy[static_cast<std::size_t>(o)];
     const ValueId at = copy[static_cast<std::size_t>(v)] = out.add_unchecked(std::move(op));
     if (const ValueId of = p.vjp_of(v); of >= 0) out.mark_vjp(at, at + 1, copy[static_cast<std::size_t>(of)]);
   }

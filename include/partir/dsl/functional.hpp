@@ -1,8 +1,10 @@
 #pragma once
-// Composite functions built from the primitives (so autodiff, sharding rules and kernels need nothing new).
+// Composite functions built from the primitives (so sharding rules and kernels need nothing new).
 // The f32 list: softmax, log_softmax, layer_norm's statistics, cross_entropy and mse compute in f32 when
 // given 16-bit values (exp, sums and variances lose too much in 8 or 11 mantissa bits; PyTorch autocast's
-// list), and return to the input's dtype, except losses, which stay f32.
+// list), and return to the input's dtype, except losses, which stay f32. softmax, log_softmax and layer_norm's
+// normalization are composites: their gradient is one rule that reads their result (autodiff/grad.hpp), so
+// the backward pass keeps no f32 inner value of theirs.
 #include <cmath>
 #include <numbers>
 
@@ -21,26 +23,40 @@ inline Tensor gelu(const Tensor& x) {
 namespace detail {
 // x in f32 if it is a 16-bit float (the f32 list's inputs), else x.
 inline Tensor f32_if_half(const Tensor& x) { return is_half(x.dtype()) ? convert(x, DType::f32) : x; }
+
+// The ops traced since `c.first`, ending in `result`, as one composite with its own gradient rule
+// (ir/program.hpp): the backward pass keeps the result, not the inner values.
+inline Tensor composite(const Tensor& result, Composite c) {
+  result.program().mark_composite(result.id(), c);
+  return result;
+}
 }  // namespace detail
 
 // Along `axis`; subtracting the max keeps exp from overflowing and does not change the result.
 inline Tensor log_softmax(const Tensor& x, std::int64_t axis = -1) {
+  const ValueId first = x.program().size();
   const Tensor x32 = detail::f32_if_half(x);
   Tensor shifted = x32 - max(x32, {axis}, true);
-  return convert(shifted - log(sum(exp(shifted), {axis}, true)), x.dtype());
+  return detail::composite(convert(shifted - log(sum(exp(shifted), {axis}, true)), x.dtype()),
+                           {Composite::Kind::log_softmax, first, x.id(), -1, axis});
 }
 inline Tensor softmax(const Tensor& x, std::int64_t axis = -1) {
+  const ValueId first = x.program().size();
   const Tensor x32 = detail::f32_if_half(x);
   Tensor e = exp(x32 - max(x32, {axis}, true));
-  return convert(e / sum(e, {axis}, true), x.dtype());
+  return detail::composite(convert(e / sum(e, {axis}, true), x.dtype()),
+                           {Composite::Kind::softmax, first, x.id(), -1, axis});
 }
 
 // Normalizes over the last dim, then scales and shifts by gamma and beta ([features] each).
 inline Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps = 1e-5) {
+  const ValueId first = x.program().size();
   const Tensor x32 = detail::f32_if_half(x);
   Tensor centered = x32 - mean(x32, {-1}, true);
-  Tensor var = mean(centered * centered, {-1}, true);
-  return convert(centered * rsqrt(var + eps), x.dtype()) * gamma + beta;
+  const Tensor inverse_sigma = rsqrt(mean(centered * centered, {-1}, true) + eps);
+  const Tensor normalized = detail::composite(convert(centered * inverse_sigma, x.dtype()),
+                                              {Composite::Kind::normalize, first, x.id(), inverse_sigma.id(), -1});
+  return normalized * gamma + beta;
 }
 
 // one_hot(labels [I...] i32, n) -> [I..., n] with 1 at each label.

@@ -37,6 +37,19 @@ struct Segment {
   friend bool operator==(const Segment&, const Segment&) = default;
 };
 
+// A function traced as several ops whose backward pass is one rule of its own (autodiff/grad.hpp), as JAX's
+// custom_vjp: softmax's gradient needs only its result, where the VJPs of its ops would keep the widened input
+// and the exponentials alive from the forward pass to the backward. The ops [first, root] are the function's,
+// root (the key in Program::composites) its result; `input` its argument; `saved` an inner value the rule
+// reads (normalize: 1 / sigma), -1 if none; `axis` the one it works along.
+struct Composite {
+  enum class Kind : std::uint8_t { softmax, log_softmax, normalize };
+  Kind kind = Kind::softmax;
+  ValueId first = 0, input = -1, saved = -1;
+  std::int64_t axis = -1;
+  friend bool operator==(const Composite&, const Composite&) = default;
+};
+
 class Program {
  public:
   explicit Program(std::string name = "main") : name_(std::move(name)) {}
@@ -115,6 +128,8 @@ class Program {
   }
   const std::map<ValueId, std::string>& checkpoint_names() const { return checkpoint_names_; }
   void add_recompute(Recompute r) { recomputes_.push_back(std::move(r)); }
+  void mark_composite(ValueId root, Composite c) { composites_[root] = c; }
+  const std::map<ValueId, Composite>& composites() const { return composites_; }
   const std::vector<Recompute>& recomputes() const { return recomputes_; }
 
   std::optional<ValueId> find_input(const std::string& name) const {
@@ -170,6 +185,7 @@ class Program {
   std::vector<Output> outputs_;
   std::map<ValueId, std::string> checkpoint_names_;
   std::vector<Recompute> recomputes_;
+  std::map<ValueId, Composite> composites_;  // by root
 };
 
 // Number of uses of each value (operands and outputs), the basis of liveness.

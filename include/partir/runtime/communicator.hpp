@@ -5,6 +5,7 @@
 // so a device-memory backend (NCCL) fits the same signatures.
 #include <concepts>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,8 @@ concept Communicator = requires(C c, const Group& g, const void* in, void* out, 
 // A backend with two all_reduce algorithms, the library's and partir's ring (MPI), chosen by buffer size:
 // from ring_all_reduce_from(group size) bytes up the ring runs. Calibration times both and records where the
 // ring takes over (HardwareProfile::ring_all_reduce_from); tune_collectives sets it from a profile.
+// ring_all_reduce_never: no size, the library's algorithm at every size.
+inline constexpr std::int64_t ring_all_reduce_never = std::numeric_limits<std::int64_t>::max();
 template <class C>
 concept ChoosesAllReduce = requires(C& c, const C& cc, int group_size, std::int64_t bytes) {
   c.set_ring_all_reduce_from(group_size, bytes);

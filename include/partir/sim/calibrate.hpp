@@ -228,10 +228,9 @@ void run_case(const CollectiveCase& c, const Array& in, C& comm) {
 
 // Where partir's ring overtakes the library's all_reduce on groups of n (a ChoosesAllReduce backend): both are
 // timed at each of o.all_reduce_choice_bytes; returns the smallest size from which the ring was as fast or
-// faster at every larger size tried (int64 max: at none). The communicator's own choice is left as it was.
+// faster at every larger size tried (ring_all_reduce_never: at none). The communicator's own choice is kept.
 template <ChoosesAllReduce C>
 std::int64_t ring_all_reduce_from(C& comm, std::int64_t n, const CalibrationOptions& o) {
-  constexpr auto never = std::numeric_limits<std::int64_t>::max();
   const int group_size = static_cast<int>(n);
   const std::int64_t before = comm.ring_all_reduce_from(group_size);
   std::vector<std::pair<std::int64_t, bool>> ring_wins;  // by size, ascending
@@ -244,12 +243,12 @@ std::int64_t ring_all_reduce_from(C& comm, std::int64_t n, const CalibrationOpti
       return best_seconds_per_call(comm, {.warmup = 1, .rounds = o.rounds, .typical = o.typical}, 1,
                                    [&] { run_case(c, in, comm); });
     };
-    const double library = time(never), ring = time(0);
+    const double library = time(ring_all_reduce_never), ring = time(0);
     ring_wins.emplace_back(c.operand.bytes(), ring <= library);
   }
   comm.set_ring_all_reduce_from(group_size, before);
   std::sort(ring_wins.begin(), ring_wins.end());
-  std::int64_t from = never;
+  std::int64_t from = ring_all_reduce_never;
   for (auto it = ring_wins.rbegin(); it != ring_wins.rend() && it->second; ++it) from = it->first;
   return from;
 }

@@ -119,8 +119,10 @@ inline BucketMember bucket_member(const SpmdProgram& p, ValueId m) {
   };
   const bool moves = c.dim != 0;
   Shape front = result.shape;  // the result with its scattered dim first
-  if (moves) front = transpose(result, first).type.shape;
-  if (moves) b.into.push_back(transpose(operand, first));
+  if (moves) {
+    front = transpose(result, first).type.shape;
+    b.into.push_back(transpose(operand, first));
+  }
   const Shape rows{k, operand.elements() / k};
   if ((moves ? b.into.back().type.shape : operand.shape) != rows) b.into.push_back(reshape(rows));
   b.piece_type = {{1, result.elements()}, dtype};
@@ -137,27 +139,23 @@ PARTIR_ENTRY SpmdProgram bucket_collectives(const SpmdProgram& p, std::int64_t b
   if (bucket_bytes == 0) return p;
   const auto buckets = detail::plan_buckets(p, bucket_bytes);
   if (buckets.empty()) return p;
-  std::vector<bool> bucketed(static_cast<std::size_t>(p.size()), false);
-  std::vector<detail::BucketMember> layout(static_cast<std::size_t>(p.size()));
+  std::map<ValueId, detail::BucketMember> layout;  // of every bucketed collective
   std::multimap<ValueId, const detail::Bucket*> runs_after;  // buckets by the instruction they follow
   for (const auto& b : buckets) {
-    for (auto v : b.members) {
-      bucketed[static_cast<std::size_t>(v)] = true;
-      layout[static_cast<std::size_t>(v)] = detail::bucket_member(p, v);
-    }
+    for (auto v : b.members) layout.emplace(v, detail::bucket_member(p, v));
     runs_after.emplace(b.ready, &b);
   }
 
   // Where each value lands, known before building: a recv names its send, which may come later.
   std::vector<ValueId> moved(static_cast<std::size_t>(p.size()), -1);
   for (ValueId v = 0, next = 0; v < p.size(); ++v) {
-    if (!bucketed[static_cast<std::size_t>(v)]) moved[static_cast<std::size_t>(v)] = next++;
+    if (!layout.contains(v)) moved[static_cast<std::size_t>(v)] = next++;
     for (auto [it, end] = runs_after.equal_range(v); it != end; ++it) {
       const auto& members = it->second->members;
-      for (auto m : members) next += static_cast<ValueId>(layout[static_cast<std::size_t>(m)].into.size());
+      for (auto m : members) next += static_cast<ValueId>(layout.at(m).into.size());
       next += 2;  // join, collective
       for (auto m : members)  // slice, back
-        moved[static_cast<std::size_t>(m)] = (next += 1 + static_cast<ValueId>(layout[static_cast<std::size_t>(m)].back.size())) - 1;
+        moved[static_cast<std::size_t>(m)] = (next += 1 + static_cast<ValueId>(layout.at(m).back.size())) - 1;
     }
   }
 
@@ -185,7 +183,7 @@ PARTIR_ENTRY SpmdProgram bucket_collectives(const SpmdProgram& p, std::int64_t b
                       std::string(name_of(first.collective->kind)) + "s, " + std::to_string(bucket.bytes) +
                       " bytes (bucket size " + std::to_string(bucket_bytes) + "):";
     for (auto m : bucket.members) {
-      const auto& member = layout[static_cast<std::size_t>(m)];
+      const auto& member = layout.at(m);
       parts.push_back(chain(moved[static_cast<std::size_t>(p.op(m).op.operands[0])], member.into));
       width += member.piece_type.shape.back();
       why += " [" + p.op(m).collective->reason + "]";
@@ -202,7 +200,7 @@ PARTIR_ENTRY SpmdProgram bucket_collectives(const SpmdProgram& p, std::int64_t b
     const ValueId sum = add(Op{OpKind::input, {all}, {}, reduced, ""}, std::move(c));
     std::int64_t at = 0;
     for (auto m : bucket.members) {
-      const auto& member = layout[static_cast<std::size_t>(m)];
+      const auto& member = layout.at(m);
       const std::int64_t n = member.piece_type.shape.back();
       Op slice{OpKind::slice, {sum}, {}, member.piece_type, ""};
       slice.attrs.lo = scatters ? std::vector<std::int64_t>{0, at} : std::vector<std::int64_t>{at};
@@ -213,7 +211,7 @@ PARTIR_ENTRY SpmdProgram bucket_collectives(const SpmdProgram& p, std::int64_t b
     }
   };
   for (ValueId v = 0; v < p.size(); ++v) {
-    if (!bucketed[static_cast<std::size_t>(v)]) {
+    if (!layout.contains(v)) {
       SpmdOp s = p.op(v);
       for (auto& o : s.op.operands) o = moved[static_cast<std::size_t>(o)];
       out.add(std::move(s));

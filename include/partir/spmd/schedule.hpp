@@ -91,7 +91,8 @@ PARTIR_ENTRY SpmdProgram schedule_collectives(const SpmdProgram& p, std::int64_t
       for (auto o : p.op(m).op.operands)
         if (!at(grouped, o) && std::ranges::find(g.outside, o) == g.outside.end()) g.outside.push_back(o);
     for (auto o : g.outside)
-      if (p.op(o).op.kind != OpKind::input && at(grouped, at(last_use, o))) g.released.push_back(o);
+      if (p.op(o).op.kind != OpKind::input && at(last_use, o) < p.size() && at(grouped, at(last_use, o)))
+        g.released.push_back(o);
     for (auto m : g.members) at(grouped, m) = false;
     return g;
   };
@@ -124,7 +125,7 @@ PARTIR_ENTRY SpmdProgram schedule_collectives(const SpmdProgram& p, std::int64_t
   std::vector<std::vector<ValueId>> after(n);  // moved instructions by anchor, in the order they run
   for (const auto& g : groups) {
     const ValueId c = g.members.back();
-    ValueId earliest = -1;  // where what the group reads from outside runs now
+    ValueId earliest = 0;  // where what the group reads from outside runs now (at the soonest, after the first op)
     for (auto o : g.outside) earliest = std::max(earliest, at(anchor, o));
     ValueId a = c - 1;  // unmoved: after the instruction before it
     while (a > earliest && at(held, a) + cost_at(g, a) <= budget) --a;

@@ -241,17 +241,17 @@ class Runner {
       }
       case K::convolution: {
         const Shape& w = in[1]->type.shape;
-        launch::convolution(op.type.dtype, convolution_shape(x->type.shape, w, op.type.shape, a), x->type.shape.front(),
+        launch::convolution(op.type.dtype, kernels::convolution_shape(x->type.shape, w, op.type.shape, a), x->type.shape.front(),
                             x->type.shape.back(), w.back(), a.conv.feature_groups, x->data, in[1]->data, out.data, stream_);
         break;
       }
       case K::reduce_window_sum: case K::reduce_window_max:
         launch::reduce_window(op.kind == K::reduce_window_max, op.type.dtype,
-                              window_shape(op.kind, x->type.shape, a.window.window, op.type.shape, a), x->data, out.data, stream_);
+                              kernels::window_shape(op.kind, x->type.shape, a.window.window, op.type.shape, a), x->data, out.data, stream_);
         break;
       case K::select_and_scatter:  // x, g (one value per window) -> x's shape
         check_cuda(cudaMemsetAsync(out.data, 0, static_cast<std::size_t>(op.type.bytes()), stream_), "cudaMemsetAsync");
-        launch::select_and_scatter(op.type.dtype, window_shape(op.kind, x->type.shape, a.window.window, in[1]->type.shape, a),
+        launch::select_and_scatter(op.type.dtype, kernels::window_shape(op.kind, x->type.shape, a.window.window, in[1]->type.shape, a),
                                    x->data, in[1]->data, out.data, stream_);
         break;
       case K::gather: {  // table [V, F...], indices [I...] -> [I..., F...]

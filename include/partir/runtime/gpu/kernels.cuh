@@ -223,7 +223,7 @@ __global__ void convolution_kernel(WindowShape s, std::int64_t images, std::int6
     const std::int64_t o = i % O, p = i / O % s.positions, n = i / O / s.positions;
     math_t<T> sum = 0;
     for (std::int64_t t = 0; t < s.taps; ++t) {
-      const std::int64_t at = window_source(s, p, t);
+      const std::int64_t at = kernels::window_source(s, p, t);
       if (at < 0) continue;
       const T* xs = x + (n * X + at) * C + o / Og * Cg;
       const T* ws = w + t * Cg * O + o;
@@ -238,7 +238,7 @@ __global__ void reduce_window_kernel(WindowShape s, const T* x, T* out) {
   PARTIR_GRID_LOOP(p, s.positions) {
     math_t<T> r = take_max ? lowest<math_t<T>>() : math_t<T>(0);
     for (std::int64_t t = 0; t < s.taps; ++t) {
-      const std::int64_t at = window_source(s, p, t);
+      const std::int64_t at = kernels::window_source(s, p, t);
       if (at < 0) continue;
       const math_t<T> v = widen(x[at]);
       r = take_max ? (v > r ? v : r) : r + v;
@@ -253,7 +253,7 @@ __global__ void select_and_scatter_kernel(WindowShape s, const T* x, const T* g,
     std::int64_t best_at = -1;
     math_t<T> best = 0;
     for (std::int64_t t = 0; t < s.taps; ++t) {
-      const std::int64_t at = window_source(s, p, t);
+      const std::int64_t at = kernels::window_source(s, p, t);
       if (at < 0) continue;
       const math_t<T> v = widen(x[at]);
       if (best_at < 0 || v > best) best = v, best_at = at;

@@ -10,10 +10,12 @@
 
 #include "partir/ir/dtype.hpp"
 #include "partir/ir/op.hpp"
+#include "partir/runtime/kernels/window.hpp"
 
 namespace partir::gpu {
 
 inline constexpr int max_rank = 8;
+using kernels::WindowShape;
 
 // A strided view: element i (row-major over shape) is at sum(index[d] * stride[d]).
 struct StridedShape {
@@ -31,12 +33,8 @@ struct ReduceShape {
   std::int64_t outputs = 1, count = 1;  // products of kept and reduced
 };
 
-// Index arithmetic shared by the kernels and the host-side tests (which check it without a GPU).
-#ifdef __CUDACC__
-#define PARTIR_HOST_DEVICE __host__ __device__
-#else
-#define PARTIR_HOST_DEVICE
-#endif
+// Index arithmetic shared by the kernels and the host-side tests (which check it without a GPU);
+// PARTIR_HOST_DEVICE comes from window.hpp.
 
 // Element i (row-major over s.shape): its offsets in the source and the destination.
 PARTIR_HOST_DEVICE inline void view_offsets(const StridedShape& s, std::int64_t i, std::int64_t& from, std::int64_t& to) {
@@ -85,35 +83,6 @@ PARTIR_HOST_DEVICE inline std::int64_t table_offset(const std::int32_t* indices,
   if (e == 0 && (index < 0 || index >= global_rows)) *bad = 1;
   const std::int64_t r = index - first_row;
   return row > 0 && r >= 0 && r < rows ? r * row + e : -1;
-}
-
-// A windowed op over `rank` dims (ConvDims and WindowDims in op.hpp; a convolution's spatial dims, every dim of
-// a pooling's operand): output position p reads, through tap t, the operand position (p s + t d - lo) / b per
-// dim (stride s, window dilation d, base dilation b) where that divides and lies inside; a flipped window
-// takes its taps in reverse. `taps` and `positions`: the products of window and out.
-struct WindowShape {
-  int rank = 0;
-  bool flip = false;
-  std::int64_t in[max_rank] = {}, window[max_rank] = {}, out[max_rank] = {}, stride[max_rank] = {},
-               base_dilation[max_rank] = {}, window_dilation[max_rank] = {}, lo[max_rank] = {};
-  std::int64_t taps = 1, positions = 1;
-};
-
-// Output position p (row-major over out) through tap t (row-major over window): the operand position it reads
-// (row-major over in), or -1 on padding or between dilated elements.
-PARTIR_HOST_DEVICE inline std::int64_t window_source(const WindowShape& s, std::int64_t p, std::int64_t t) {
-  std::int64_t at = 0, scale = 1;
-  for (int d = s.rank - 1; d >= 0; --d) {
-    const std::int64_t position = p % s.out[d], index = t % s.window[d];
-    p /= s.out[d];
-    t /= s.window[d];
-    const std::int64_t tap = s.flip ? s.window[d] - 1 - index : index;
-    const std::int64_t q = position * s.stride[d] + tap * s.window_dilation[d] - s.lo[d];  // on the dilated operand
-    if (q < 0 || q % s.base_dilation[d] != 0 || q / s.base_dilation[d] >= s.in[d]) return -1;
-    at += q / s.base_dilation[d] * scale;
-    scale *= s.in[d];
-  }
-  return at;
 }
 
 // A reduction to few outputs over many elements would leave most of the GPU idle with one block per output

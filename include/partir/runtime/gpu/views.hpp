@@ -130,31 +130,4 @@ inline ReduceShape reduce_shape(const Shape& x, const std::vector<std::int64_t>&
   return s;
 }
 
-// The geometry of a windowed op (launch.hpp): a convolution's over its spatial dims (x [N, in..., C], w
-// [window..., C / G, O], out [N, out..., O]), a pooling's or select_and_scatter's over every operand dim
-// (`positions`: the result's or the scattered values' shape).
-inline WindowShape window_shape(OpKind kind, const Shape& in, const Shape& window, const Shape& out, const Attrs& a) {
-  const bool conv = kind == OpKind::convolution;
-  WindowShape s;
-  s.rank = static_cast<int>(in.size());
-  if (s.rank > max_rank)
-    user_error(std::string(name_of(kind)) + ": " + std::to_string(s.rank) + " windowed dims exceed the GPU kernels' limit of " +
-               std::to_string(max_rank));
-  s.flip = conv && a.conv.flip;
-  for (std::size_t d = 0; d < in.size(); ++d) {
-    s.in[d] = in[d], s.window[d] = window[d], s.out[d] = out[d], s.lo[d] = a.lo[d];
-    s.stride[d] = conv ? a.conv.strides[d] : a.window.strides[d];
-    s.base_dilation[d] = conv ? a.conv.lhs_dilation[d] : a.window.base_dilation[d];
-    s.window_dilation[d] = conv ? a.conv.rhs_dilation[d] : a.window.window_dilation[d];
-    s.taps *= window[d];
-    s.positions *= out[d];
-  }
-  return s;
-}
-inline WindowShape convolution_shape(const Shape& x, const Shape& w, const Shape& out, const Attrs& a) {
-  const auto spatial = static_cast<std::ptrdiff_t>(x.size()) - 2;
-  return window_shape(OpKind::convolution, Shape(x.begin() + 1, x.end() - 1), Shape(w.begin(), w.begin() + spatial),
-                      Shape(out.begin() + 1, out.end() - 1), a);
-}
-
 }  // namespace partir::gpu

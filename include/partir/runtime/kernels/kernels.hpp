@@ -37,6 +37,7 @@
 #include "partir/runtime/kernels/gemm_engine.hpp"
 #include "partir/runtime/kernels/onednn.hpp"
 #include "partir/runtime/kernels/strides.hpp"
+#include "partir/runtime/kernels/window.hpp"
 
 #if !PARTIR_DEFINE_ENTRIES
 #error "partir/runtime/kernels/kernels.hpp holds what libpartir compiles; with PARTIR_SEPARATE_COMPILATION include partir/runtime/kernels/eval.hpp, or build this translation unit header-only"
@@ -216,62 +217,35 @@ void scatter_add(const Array& indices, const Array& updates, Array& out) {
 // Below this many rows + contracting + columns a GEMM is a few sums, computed in a fixed order (see batched_gemm).
 inline constexpr std::int64_t gemm_min_size = 20;
 
-// The convolution below by oneDNN's convolution primitives when that is the GEMM engine in use and oneDNN takes
-// T and the geometry (onednn::convolution); false otherwise.
-template <class T>
-bool onednn_convolution(const Array& x, const Array& w, const Attrs& a, Array& out) {
-  if (gemm_engine() != GemmEngine::onednn) return false;
-  const auto spatial = static_cast<std::ptrdiff_t>(x.shape().size()) - 2;
+// A convolution's geometry as oneDNN's primitives take it, also the one the im2col path below reads.
+inline onednn::Convolution convolution_geometry(const Shape& x, const Shape& w, const Shape& out, const Attrs& a) {
+  const auto spatial = static_cast<std::ptrdiff_t>(x.size()) - 2;
   const auto& c = a.conv;
-  const onednn::Convolution geometry{x.shape()[0], x.shape().back(), w.shape().back(), c.feature_groups,
-                                     Shape(x.shape().begin() + 1, x.shape().end() - 1),
-                                     Shape(w.shape().begin(), w.shape().begin() + spatial),
-                                     Shape(out.shape().begin() + 1, out.shape().end() - 1), c.strides, c.lhs_dilation,
-                                     c.rhs_dilation, a.lo, a.hi, c.flip};
-  return onednn::convolution<T>(geometry, ptr<T>(x), ptr<T>(w), ptr<T>(out));
+  return {x[0], x.back(), w.back(), c.feature_groups, Shape(x.begin() + 1, x.end() - 1),
+          Shape(w.begin(), w.begin() + spatial), Shape(out.begin() + 1, out.end() - 1), c.strides, c.lhs_dilation,
+          c.rhs_dilation, a.lo, a.hi, c.flip};
 }
 
 // x [N, spatial..., C], w [window..., C / G, O] -> out [N, spatial'..., O] (ConvDims in op.hpp; G feature groups).
-// oneDNN's primitives where they apply (above), else im2col: row p of an image's patches holds its group's C / G
-// features under each tap of output position p's window (zeros off the input or between dilated elements), taps
-// major; then per group one GEMM [images x P, taps x C/G] x [taps x C/G, O/G] on the GEMM engine in use
-// (gemm_engine.hpp), the kernel's and the result's columns of the group strided by O, per batch of images whose
-// patches fit in 64 MiB.
+// oneDNN's primitives where oneDNN is the GEMM engine and takes T and the geometry (onednn::convolution), else
+// im2col: row p of an image's patches holds its group's C / G features under each tap of output position p's
+// window (zeros off the input or between dilated elements), taps major; then per group one GEMM
+// [images x P, taps x C/G] x [taps x C/G, O/G] on the GEMM engine in use (gemm_engine.hpp), the kernel's and the
+// result's columns of the group strided by O, per batch of images whose patches fit in 64 MiB.
 template <class T>
 void convolution(const Array& x, const Array& w, const Attrs& a, Array& out) {
-  const auto& c = a.conv;
-  const auto spatial = x.shape().size() - 2;
-  const std::int64_t N = x.shape()[0], C = x.shape().back(), O = w.shape().back(), G = c.feature_groups;
+  const onednn::Convolution geometry = convolution_geometry(x.shape(), w.shape(), out.shape(), a);
+  const std::int64_t N = geometry.images, C = geometry.in_features, O = geometry.out_features, G = geometry.groups;
   const std::int64_t Cg = C / G, Og = O / G;
-  const Shape in(x.shape().begin() + 1, x.shape().end() - 1), taps(w.shape().begin(), w.shape().begin() + static_cast<std::ptrdiff_t>(spatial)),
-      positions(out.shape().begin() + 1, out.shape().end() - 1);
-  const std::int64_t P = num_elements(positions), K = num_elements(taps), X = num_elements(in), row = K * Cg;
-  if (N * P * O == 0 || onednn_convolution<T>(x, w, a, out)) return;
-  const Strides in_strides = row_major_strides(in);
+  const WindowShape s = window_shape(OpKind::convolution, geometry.in, geometry.window, geometry.out, a);
+  const std::int64_t P = s.positions, K = s.taps, X = num_elements(geometry.in), row = K * Cg;
+  if (N * P * O == 0) return;
+  if (gemm_engine() == GemmEngine::onednn && onednn::convolution<T>(geometry, ptr<T>(x), ptr<T>(w), ptr<T>(out)))
+    return;
   // The input position each (output position, tap) reads, -1 for padding and dilation holes: the same in every image.
   std::vector<std::int64_t> source(static_cast<std::size_t>(P * K));
-  std::vector<std::int64_t> at(spatial), tap(spatial);
-  for (std::int64_t p = 0; p < P; ++p) {
-    for (std::int64_t i = static_cast<std::int64_t>(spatial) - 1, rest = p; i >= 0; --i) {
-      at[static_cast<std::size_t>(i)] = rest % positions[static_cast<std::size_t>(i)];
-      rest /= positions[static_cast<std::size_t>(i)];
-    }
-    for (std::int64_t k = 0; k < K; ++k) {
-      for (std::int64_t i = static_cast<std::int64_t>(spatial) - 1, rest = k; i >= 0; --i) {
-        tap[static_cast<std::size_t>(i)] = rest % taps[static_cast<std::size_t>(i)];
-        rest /= taps[static_cast<std::size_t>(i)];
-      }
-      std::int64_t offset = 0;
-      bool inside = true;
-      for (std::size_t i = 0; i < spatial && inside; ++i) {
-        const std::int64_t t = c.flip ? taps[i] - 1 - tap[i] : tap[i];
-        const std::int64_t q = at[i] * c.strides[i] + t * c.rhs_dilation[i] - a.lo[i];  // on the dilated input
-        inside = q >= 0 && q % c.lhs_dilation[i] == 0 && q / c.lhs_dilation[i] < in[i];
-        offset += q / c.lhs_dilation[i] * in_strides[i];
-      }
-      source[static_cast<std::size_t>(p * K + k)] = inside ? offset : -1;
-    }
-  }
+  for (std::int64_t p = 0; p < P; ++p)
+    for (std::int64_t k = 0; k < K; ++k) source[static_cast<std::size_t>(p * K + k)] = window_source(s, p, k);
   const std::int64_t images_per_gemm = std::clamp<std::int64_t>(
       (std::int64_t{64} << 20) / static_cast<std::int64_t>(sizeof(T)) / std::max<std::int64_t>(P * row, 1), 1, N);
   std::vector<T> patches(static_cast<std::size_t>(images_per_gemm * P * row));
@@ -315,37 +289,19 @@ void convolution(const Array& x, const Array& w, const Attrs& a, Array& out) {
 // backward pick it); a window of padding only adds nowhere.
 template <class T, OpKind kind>
 void windows(const Array& x, const Array* g, const Attrs& a, Array& out) {
-  const auto& w = a.window;
-  const std::size_t rank = x.shape().size();
-  const Shape& positions = kind == OpKind::select_and_scatter ? g->shape() : out.shape();
-  const Strides x_strides = row_major_strides(x.shape());
-  const std::int64_t taps = num_elements(w.window);
+  const WindowShape s =
+      window_shape(kind, x.shape(), a.window.window, kind == OpKind::select_and_scatter ? g->shape() : out.shape(), a);
   constexpr bool take_max = kind != OpKind::reduce_window_sum;
   if (kind == OpKind::select_and_scatter) vec<T>(out).setZero();
-  std::vector<std::int64_t> at(rank), tap(rank);
-  for (std::int64_t o = 0; o < num_elements(positions); ++o) {
-    for (std::size_t i = rank, rest = static_cast<std::size_t>(o); i-- > 0;) {
-      at[i] = static_cast<std::int64_t>(rest) % positions[i];
-      rest /= static_cast<std::size_t>(positions[i]);
-    }
+  for (std::int64_t o = 0; o < s.positions; ++o) {
     T best = take_max ? -std::numeric_limits<T>::infinity() : T(0);
     std::int64_t best_at = -1;
-    for (std::int64_t k = 0; k < taps; ++k) {
-      for (std::size_t i = rank, rest = static_cast<std::size_t>(k); i-- > 0;) {
-        tap[i] = static_cast<std::int64_t>(rest) % w.window[i];
-        rest /= static_cast<std::size_t>(w.window[i]);
-      }
-      std::int64_t offset = 0;
-      bool inside = true;
-      for (std::size_t i = 0; i < rank && inside; ++i) {
-        const std::int64_t q = at[i] * w.strides[i] + tap[i] * w.window_dilation[i] - a.lo[i];  // on the dilated operand
-        inside = q >= 0 && q % w.base_dilation[i] == 0 && q / w.base_dilation[i] < x.shape()[i];
-        offset += q / w.base_dilation[i] * x_strides[i];
-      }
-      if (!inside) continue;
-      const T v = ptr<T>(x)[offset];
+    for (std::int64_t k = 0; k < s.taps; ++k) {
+      const std::int64_t at = window_source(s, o, k);
+      if (at < 0) continue;
+      const T v = ptr<T>(x)[at];
       if (!take_max) best += v;
-      else if (best_at < 0 || v > best) best = v, best_at = offset;
+      else if (best_at < 0 || v > best) best = v, best_at = at;
     }
     if (kind == OpKind::select_and_scatter) {
       if (best_at >= 0) ptr<T>(out)[best_at] += ptr<T>(*g)[o];
@@ -585,7 +541,9 @@ PARTIR_ENTRY Array eval(const Op& op, std::span<const Array* const> operands) {
     if (bf16_matmul || (op.kind == K::convolution && op.type.dtype == DType::bf16)) {  // operands of one dtype
       Array out = k::buffer_cache().take(op.type);
       if (bf16_matmul ? k::dot_general<bf16>(x, *operands[1], a.dot, out)
-                      : out.size() > 0 && k::onednn_convolution<bf16>(x, *operands[1], a, out))
+                      : out.size() > 0 && gemm_engine() == GemmEngine::onednn &&
+                            onednn::convolution<bf16>(k::convolution_geometry(x.shape(), operands[1]->shape(), out.shape(), a),
+                                                      k::ptr<bf16>(x), k::ptr<bf16>(*operands[1]), k::ptr<bf16>(out)))
         return out;
       k::buffer_cache().give(std::move(out));
     }
