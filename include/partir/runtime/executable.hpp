@@ -21,7 +21,7 @@ namespace partir {
 template <Communicator C>
 class Executable {
  public:
-  Executable(SpmdProgram spmd, C& comm) : spmd_(std::move(spmd)), comm_(&comm) {
+  Executable(SpmdProgram spmd, C& comm) : spmd_(std::move(spmd)), fusion_(plan_fusion(spmd_)), comm_(&comm) {
     if (spmd_.mesh().num_devices() != comm.num_devices())
       user_error(where() + ": mesh " + spmd_.mesh().to_string() + " has " + std::to_string(spmd_.mesh().num_devices()) +
                  " devices but the communicator has " + std::to_string(comm.num_devices()));
@@ -104,6 +104,7 @@ class Executable {
     }
     for (auto& [name, p] : pieces) state.insert_or_assign(name, std::move(p));  // for execute(); out again below
     options.global_inputs = options.global_outputs = false;
+    if (!options.fusion) options.fusion = &fusion_;  // planned once, not every step
     DeviceResult result;
     try {
       result = execute(spmd_, *comm_, state, options);
@@ -149,6 +150,7 @@ class Executable {
   }
 
   SpmdProgram spmd_;
+  FusionPlan fusion_;
   C* comm_;
 };
 

@@ -30,6 +30,9 @@ struct ExecuteOptions {
   bool async_collectives = async_collectives_enabled();
   // Smaller collectives (the larger of operand and result) run inline while the stream is idle.
   std::int64_t stream_min_bytes = partir::stream_min_bytes();
+  // plan_fusion(p) made once for many runs (Executable keeps one); null: made per run. Pipelined programs, whose
+  // stage program is cut per run, make their own.
+  const FusionPlan* fusion = nullptr;
 };
 
 // When an op ran, in seconds from the start of execute(). A fused chain is timed at its root.
@@ -227,6 +230,7 @@ DeviceResult execute(const SpmdProgram& p, C& comm, const NamedArrays& inputs, E
   std::vector<ValueId> ids;
   const SpmdProgram stage = stage_program(p, p.stage_of(comm.device()), &ids);
   options.async_collectives = false;  // a stage's transfers already leave the sender free (see ExecuteOptions)
+  options.fusion = nullptr;            // p's, not the stage's
   DeviceResult r = detail::execute_stage(stage, comm, inputs, options, where);
   for (auto& t : r.timeline) t.value = ids[static_cast<std::size_t>(t.value)];
   return r;
@@ -260,7 +264,8 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
   using clock = std::chrono::steady_clock;
   using seconds = std::chrono::duration<double>;
   const auto run_start = clock::now();
-  const FusionPlan fusion = plan_fusion(p);
+  std::optional<FusionPlan> planned;
+  const FusionPlan& fusion = options.fusion ? *options.fusion : planned.emplace(plan_fusion(p));
   const auto& frees = fusion.last_uses();
 
   // The communication stream and what runs on it: a collective's result buffer and operand stay as they are

@@ -175,7 +175,8 @@ double op_bandwidth(C& comm, const Op& op, const std::vector<TensorType>& operan
 }
 
 // Seconds execute() spends per op besides its kernel's work: the slope between programs of 1 and 65 chained
-// 1x1 matmuls (ops that do not fuse), replicated on every device.
+// 1x1 matmuls (ops that do not fuse), replicated on every device, each run as an Executable runs it (its
+// fusion planned once).
 template <Communicator C>
 double executor_op_seconds(C& comm, const CalibrationOptions& o) {
   const Mesh mesh{{"devices", comm.num_devices()}};
@@ -187,8 +188,9 @@ double executor_op_seconds(C& comm, const CalibrationOptions& o) {
     }, {{"x", {1, 1}}});
     const SpmdProgram spmd = lower(partition(chain, mesh, {}));
     const NamedArrays inputs = init_inputs(chain, 0, true);
+    const FusionPlan fusion = plan_fusion(spmd);
     return best_seconds_per_call(comm, o, o.iterations * 20, [&] {
-      (void)execute(spmd, comm, inputs, {.global_inputs = false, .global_outputs = false});
+      (void)execute(spmd, comm, inputs, {.global_inputs = false, .global_outputs = false, .fusion = &fusion});
     });
   };
   const double one = seconds(1), more = seconds(65);
