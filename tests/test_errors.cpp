@@ -676,6 +676,14 @@ TEST_CASE("catalog: convolutions") {
                        "reduce_window_max: window of 4 on dim 1 does not fit the padded operand of 3 (f32[2,3])", UserError);
   CHECK_THROWS_WITH_AS(trace("p", [](Tensor a) { return nn::max_pool(a, {2, 2}); }, {{"x", {2, 4, 3}}}),
                        "max_pool: input f32[2,4,3] is not [batch, 2 spatial dims, features]", UserError);
+  // ... and more windowed dims than the windowed kernels take (CPU and GPU alike: kernels/window.hpp)
+  const std::vector<std::int64_t> ones(9, 1), zeros(9, 0);
+  try {
+    interpret(pool(ones, {ones, ones, ones, ones}, zeros), NamedArrays{{"x", Array({ones, DType::f32})}});
+    FAIL("a pooling over 9 dims ran");
+  } catch (const UserError& e) {
+    CHECK(std::string(e.what()).find("reduce_window_max: 9 windowed dims exceed the kernels' limit of 8") != std::string::npos);
+  }
 }
 
 TEST_CASE("catalog: communication") {

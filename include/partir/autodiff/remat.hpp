@@ -14,8 +14,8 @@
 // scalar's or a bias's broadcast, a parameter's 16-bit cast, the causal mask) is computed again where the
 // backward pass or a recomputation reads it, not kept alive from the forward pass for it (XLA rematerializes
 // broadcasts alike): it costs an elementwise op or nothing (a fused group reads a broadcast as a pattern), and
-// saves per GPT layer the broadcast constants of GELU and attention and, under mixed precision, the 16-bit
-// parameter copies (2 bytes per parameter until the backward pass).
+// frees what a non-fused reader would have kept (under mixed precision, each weight's 16-bit copy: 2 bytes per
+// parameter between its forward and its backward use).
 //
 // rematerialize() rewrites a program with a backward pass (train_step's): each recomputed value is computed
 // again just before its first use in the backward pass, from kept values, by the same ops in the same order, so
