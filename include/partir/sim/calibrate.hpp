@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <limits>
 
 #include "partir/dsl/ops.hpp"
 #include "partir/dsl/trace.hpp"
@@ -271,11 +270,10 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
   cal::measure_gemms(comm, DType::bf16, o, hw);
   cal::measure_gemms(comm, DType::f16, o, hw);
   hw.peak_flops[DType::i32] = hw.peak_flops[DType::f32];  // i32 ops are elementwise: memory bound anyway
-  hw.elementwise_flops[DType::f32] = cal::elementwise_flops_per_second(comm, DType::f32, o);
-  hw.elementwise_flops[DType::f64] = cal::elementwise_flops_per_second(comm, DType::f64, o);
+  // 16-bit elementwise ops run as fused groups too, a lone one included: f32 math, each step rounded to 16 bits.
+  for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16})
+    hw.elementwise_flops[t] = cal::elementwise_flops_per_second(comm, t, o);
   hw.elementwise_flops[DType::i32] = hw.elementwise_flops[DType::f32];
-  // 16-bit elementwise ops run as fused groups, a lone one too: f32 math, each step rounded to 16 bits.
-  for (DType t : {DType::bf16, DType::f16}) hw.elementwise_flops[t] = cal::elementwise_flops_per_second(comm, t, o);
   // 16 MiB per tensor, MLP-sized: bigger than the caches, small enough for the allocator to reuse.
   const TensorType flat{{std::int64_t{1} << 22}}, wide{{1024, 4096}}, tall{{4096, 1024}}, scalar{{}};
   for (std::int64_t elements = std::int64_t{1} << 18; elements <= flat.elements(); elements *= 2) {

@@ -80,8 +80,9 @@ struct HardwareProfile {
   // is no faster with the stream, bench/step_time). The simulator charges the compute stream the rest.
   double overlap = 1;
   // Backends with two all_reduce algorithms (ChoosesAllReduce: MPI's library and partir's ring), by group size:
-  // the buffer bytes from which calibration measured the ring faster at every larger size it tried (int64 max:
-  // never). tune_collectives gives them to a communicator; a group size without an entry keeps its default.
+  // the buffer bytes from which calibration measured the ring faster at every larger size it tried
+  // (ring_all_reduce_never: at none). tune_collectives gives them to a communicator; a group size without an
+  // entry keeps its default.
   std::map<std::int64_t, std::int64_t> ring_all_reduce_from;
 
   double flops_per_second(DType t) const {

@@ -226,9 +226,15 @@ inline onednn::Convolution convolution_geometry(const Shape& x, const Shape& w, 
           c.rhs_dilation, a.lo, a.hi, c.flip};
 }
 
+// The convolution by oneDNN's primitives where oneDNN is the GEMM engine in use and takes T and the geometry
+// (onednn::convolution); false otherwise.
+template <class T>
+bool onednn_convolution(const onednn::Convolution& geometry, const Array& x, const Array& w, Array& out) {
+  return gemm_engine() == GemmEngine::onednn && onednn::convolution<T>(geometry, ptr<T>(x), ptr<T>(w), ptr<T>(out));
+}
+
 // x [N, spatial..., C], w [window..., C / G, O] -> out [N, spatial'..., O] (ConvDims in op.hpp; G feature groups).
-// oneDNN's primitives where oneDNN is the GEMM engine and takes T and the geometry (onednn::convolution), else
-// im2col: row p of an image's patches holds its group's C / G features under each tap of output position p's
+// oneDNN's primitives where they apply (above), else im2col: row p of an image's patches holds its group's C / G features under each tap of output position p's
 // window (zeros off the input or between dilated elements), taps major; then per group one GEMM
 // [images x P, taps x C/G] x [taps x C/G, O/G] on the GEMM engine in use (gemm_engine.hpp), the kernel's and the
 // result's columns of the group strided by O, per batch of images whose patches fit in 64 MiB.
@@ -239,9 +245,7 @@ void convolution(const Array& x, const Array& w, const Attrs& a, Array& out) {
   const std::int64_t Cg = C / G, Og = O / G;
   const WindowShape s = window_shape(OpKind::convolution, geometry.in, geometry.window, geometry.out, a);
   const std::int64_t P = s.positions, K = s.taps, X = num_elements(geometry.in), row = K * Cg;
-  if (N * P * O == 0) return;
-  if (gemm_engine() == GemmEngine::onednn && onednn::convolution<T>(geometry, ptr<T>(x), ptr<T>(w), ptr<T>(out)))
-    return;
+  if (N * P * O == 0 || onednn_convolution<T>(geometry, x, w, out)) return;
   // The input position each (output position, tap) reads, -1 for padding and dilation holes: the same in every image.
   std::vector<std::int64_t> source(static_cast<std::size_t>(P * K));
   for (std::int64_t p = 0; p < P; ++p)
@@ -541,9 +545,9 @@ PARTIR_ENTRY Array eval(const Op& op, std::span<const Array* const> operands) {
     if (bf16_matmul || (op.kind == K::convolution && op.type.dtype == DType::bf16)) {  // operands of one dtype
       Array out = k::buffer_cache().take(op.type);
       if (bf16_matmul ? k::dot_general<bf16>(x, *operands[1], a.dot, out)
-                      : out.size() > 0 && gemm_engine() == GemmEngine::onednn &&
-                            onednn::convolution<bf16>(k::convolution_geometry(x.shape(), operands[1]->shape(), out.shape(), a),
-                                                      k::ptr<bf16>(x), k::ptr<bf16>(*operands[1]), k::ptr<bf16>(out)))
+                      : out.size() > 0 &&
+                            k::onednn_convolution<bf16>(k::convolution_geometry(x.shape(), operands[1]->shape(), out.shape(), a),
+                                                        x, *operands[1], out))
         return out;
       k::buffer_cache().give(std::move(out));
     }
