@@ -12,8 +12,8 @@
 //   - op overhead: what the executor pays per op besides the kernel's work (dispatch, buffers, liveness), the
 //     slope between chains of 1 and 65 ops on one element, run by execute() (devices sharing cores pay more);
 //   - alpha-beta per collective kind and group size: the executor's own collective path (the communicator
-//     plus its staging copies), fitted to the ring formula over a range of message sizes with relative
-//     least squares;
+//     plus its staging copies), each call made as a step makes it (collective_seconds), fitted to the ring
+//     formula over a range of message sizes with relative least squares;
 //   - backends with two all_reduce algorithms (MPI): from which size partir's ring beats the library's, per
 //     group size (tune_collectives makes a communicator choose by it).
 // Each figure is the best of several rounds: what the machine does when nothing else runs on it (or, with
@@ -227,6 +227,40 @@ void run_case(const CollectiveCase& c, const Array& in, C& comm) {
   kernels::buffer_cache().give(detail::run_collective(c.collective, in, c.result, c.mesh, comm));
 }
 
+// Seconds of one call of c as a step meets it: each device arrives from compute of its own (a short fused chain
+// on data in cache, like the ops between a step's collectives), not in lockstep from the previous call; the
+// compute's own time, measured alone, is taken off. Devices that share cores then pay what a step pays, the
+// wake-up and the wait for a peer the scheduler has parked, which back-to-back calls hide (4 devices on 2 cores,
+// a 37 KiB all_gather on 2: 15-20 us back to back, 45-80 us after compute, 88 us in the demo's step).
+template <Communicator C>
+double collective_seconds(C& comm, const CollectiveCase& c, const CalibrationOptions& o) {
+  const Array in(c.operand);
+  const std::int64_t elements = std::int64_t{1} << 14;
+  Array x(TensorType{{elements}});
+  std::fill_n(kernels::ptr<float>(x), elements, 1.0f);
+  const std::array<const Array*, 1> inputs{&x};
+  const FusionGroup work = elementwise_chain(16, elements, DType::f32);
+  auto compute = [&] { (void)eval_fused(work, inputs); };
+  // Groups of consecutive devices, then of devices as far apart (a 2x2 mesh's model and batch groups): peers
+  // change from call to call, as in a step, so no pair of devices settles into sharing the cores between them.
+  CollectiveCase strided = c;
+  strided.mesh = Mesh{{"group", c.mesh.axis_size("group")}, {"rest", c.mesh.axis_size("rest")}};
+  bool consecutive = true;
+  auto compute_then_collective = [&] {
+    compute();
+    run_case(consecutive ? c : strided, in, comm);
+    consecutive = !consecutive;
+  };
+  // Rounds of a millisecond or more: a scheduler's wake-ups and parked peers average out over many calls.
+  const double once = seconds_per_call(comm, 1, 1, compute_then_collective);
+  const int iterations = std::max(o.iterations, static_cast<int>(std::min(1e-3 / std::max(once, 1e-9), 100.0)));
+  const double alone = best_seconds_per_call(comm, o, iterations, compute);
+  const double both = best_seconds_per_call(comm, o, iterations, compute_then_collective);
+  // Noise can take more off than the collective took (a fast one after slow compute): its back-to-back time then.
+  if (both > alone) return both - alone;
+  return best_seconds_per_call(comm, o, iterations, [&] { run_case(c, in, comm); });
+}
+
 // Where partir's ring overtakes the library's all_reduce on groups of n (a ChoosesAllReduce backend): both are
 // timed at each of o.all_reduce_choice_bytes; returns the smallest size from which the ring was as fast or
 // faster at every larger size tried (ring_all_reduce_never: at none). The communicator's own choice is kept.
@@ -302,8 +336,7 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
       std::vector<std::pair<double, double>> samples;
       for (auto bytes : o.message_bytes) {
         const auto c = cal::collective_case(kind, n, devices, bytes);
-        const Array in(c.operand);
-        const double t = cal::best_seconds_per_call(comm, o, o.iterations, [&] { cal::run_case(c, in, comm); });
+        const double t = cal::collective_seconds(comm, c, o);
         samples.emplace_back(static_cast<double>(std::max(c.operand.bytes(), c.result.bytes())), t);
       }
       const double steps = static_cast<double>((kind == CollectiveKind::all_reduce ? 2 : 1) * (n - 1));
