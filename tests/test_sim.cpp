@@ -258,6 +258,11 @@ TEST_CASE("calibrate: devices agree on every figure; the op overhead is the exec
   CHECK(hw.name == "test");
   CHECK(hw.peak_flops.at(DType::f32) > 0);
   CHECK(hw.memory_bandwidth > 0);
+  // The cache curve ends with data last touched long ago, beyond where memory_bandwidth was measured.
+  REQUIRE(hw.cache_curve.size() >= 2);
+  CHECK(hw.cache_curve.back().first > hw.cache_curve[hw.cache_curve.size() - 2].first);
+  CHECK(hw.cache_curve[hw.cache_curve.size() - 2].second == hw.memory_bandwidth);
+  CHECK(hw.cache_curve.back().second > 0);
   // What execute() adds per op (dispatch, buffers, liveness) is far above a one-element kernel's ~0.1 us.
   CHECK(hw.op_overhead > 2e-7);
   for (const char* kind : {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}) {
@@ -362,6 +367,24 @@ TEST_CASE("simulate: a fused elementwise chain is one pass over memory") {
   const Report slow = simulate(p, vector_bound);
   CHECK(slow.compute_seconds == doctest::Approx(2 * 256 / 0.1e9));
   CHECK(slow.timeline.at(1).bound == "compute");
+}
+
+TEST_CASE("simulate: data a step last touched streams at the cache curve's far rate, data just made at its near one") {
+  const TensorType v{{256}};  // 1 KiB
+  SpmdProgram p("reuse", Mesh{{"batch", 1}});
+  auto x = p.add({input_op("x", v, InputKind::data)});
+  p.add_input({"x", x, v, Sharding::replicated(1), ""});
+  auto a = p.add({local_op(OpKind::add, {x, x}, v)});
+  auto b = p.add({local_op(OpKind::add, {a, a}, v)});
+  p.add_output({"b", b, v, Sharding::replicated(1), ""});
+  // Each add touches 3 KiB, the step 6 KiB: the input was last read a step (6 KiB) ago, `a` just made.
+  HardwareProfile hw = unit_profile();
+  hw.cache_curve = {{3 * 1024, 1e9}, {6 * 1024, 0.25e9}};
+  set_fusion(false);
+  const Report r = simulate(p, hw);
+  set_fusion(true);
+  CHECK(r.timeline.at(0).seconds == doctest::Approx(3 * 1024 / 0.25e9));
+  CHECK(r.timeline.at(1).seconds == doctest::Approx(3 * 1024 / 1e9));
 }
 
 TEST_CASE("simulate: peak memory from liveness, with its breakdown, equals the executor's") {

@@ -7,8 +7,8 @@
 //     smallest dim runs from 16 to 1024;
 //   - elementwise FLOP/s per dtype: the steps of a fused elementwise chain on data in cache;
 //   - memory bandwidth: an elementwise add, counting both reads and the write, from cache-sized arrays to
-//     arrays larger than the caches (the cache curve); the strided copies broadcast_in_dim and transpose
-//     on large arrays, whose kernels stream at other rates;
+//     arrays larger than the caches, and over data last touched long ago (the cache curve); the strided
+//     copies broadcast_in_dim and transpose on large arrays, whose kernels stream at other rates;
 //   - op overhead: what the executor pays per op besides the kernel's work (dispatch, buffers, liveness), the
 //     slope between chains of 1 and 65 ops on one element, run by execute() (devices sharing cores pay more);
 //   - alpha-beta per collective kind and group size: the executor's own collective path (the communicator
@@ -152,6 +152,26 @@ double elementwise_flops_per_second(C& comm, DType t, const CalibrationOptions& 
   };
   const double one = seconds(1), nine = seconds(9);
   return nine > one ? 8.0 * static_cast<double>(elements) / (nine - one) : 9.0 * static_cast<double>(elements) / nine;
+}
+
+// The cache curve's point for data no cache holds any more (a step's parameters and optimizer state, read once
+// a step): an add over arrays of type t that cycles through 4 sets of them, so that each call's operands were
+// last touched 3 sets ago. {bytes touched between uses, bytes/s}. The curve's largest working set (48 MiB) still
+// streams from a cache here (26 GB/s on one core), 4 of them from memory (12-14 GB/s).
+template <Communicator C>
+std::pair<double, double> cold_point(C& comm, const TensorType& t, const CalibrationOptions& o) {
+  constexpr int sets = 4;
+  std::vector<Array> lhs, rhs;
+  for (int i = 0; i < sets; ++i) lhs.emplace_back(t), rhs.emplace_back(t);
+  const Op add{OpKind::add, {0, 1}, {}, t, ""};
+  int next = 0;
+  const double s = best_seconds_per_call(comm, o, std::max(o.iterations, sets), [&] {
+    const std::array<const Array*, 2> operands{&lhs[static_cast<std::size_t>(next)], &rhs[static_cast<std::size_t>(next)]};
+    next = (next + 1) % sets;
+    (void)eval(add, operands);
+  });
+  const double bytes = 3.0 * static_cast<double>(t.bytes());
+  return {bytes * sets, bytes / s};
 }
 
 // Seconds of one op on zero-filled operands of the given types.
@@ -316,6 +336,7 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
     hw.cache_curve.emplace_back(bytes, cal::op_bandwidth(comm, Op{OpKind::add, {0, 1}, {}, t, ""}, {t, t}, o));
   }
   hw.memory_bandwidth = hw.cache_curve.back().second;
+  hw.cache_curve.push_back(cal::cold_point(comm, flat, o));
   Attrs to_flat;
   to_flat.shape = flat.shape;
   hw.op_bandwidth[OpKind::broadcast_in_dim] =

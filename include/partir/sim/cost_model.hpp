@@ -5,9 +5,10 @@
 //   elements; elementwise: the result's elements); layout ops move data and do no arithmetic. Bytes = the
 //   operands read plus the result written. Time = op_overhead + max(FLOPs / rate, bytes / bandwidth) (rate:
 //   the GEMM peak for dot_general, scaled by the profile's GEMM curve at its smallest dim; the elementwise
-//   rate for the rest), the
-//   bandwidth of the op's kind where the profile has one (strided copies), else memory_bandwidth, scaled by
-//   the profile's cache curve at this working set.
+//   rate for the rest), the bandwidth of the op's kind where the profile has one (strided copies), else
+//   memory_bandwidth, scaled by the profile's cache curve at this working set or, if longer, at the bytes
+//   touched since the operands were last (Work::reuse: a step's parameters come from memory, the activation
+//   just made from a cache).
 //   A convolution: 2 x output elements x input features x window taps FLOPs, at the GEMM rate of the GEMM
 //   it amounts to ([positions, taps x features] x [taps x features, out features] per image).
 //   Collectives: ring algorithms on a group of n devices, S = the larger of the local operand and result
@@ -26,6 +27,7 @@ struct Work {
   double flops = 0;
   double bytes = 0;
   double gemm_dim = 0;  // dot_general: the smallest of M, N and K (HardwareProfile::gemm_curve)
+  double reuse = 0;     // bytes the device touched since it last touched the operands (the cache curve's key)
 };
 
 // The GEMM a dot_general runs per batch element: M (lhs free), N (rhs free), K (contracted); the smallest.
@@ -89,7 +91,7 @@ inline Work local_work(const Op& op, std::span<const TensorType> in) {
 // The slower of the two roofline limits of an op of kind k decides; `compute_bound` tells which.
 inline double roofline_seconds(const Work& w, OpKind k, DType t, const HardwareProfile& hw, bool* compute_bound = nullptr) {
   const double compute = w.flops > 0 ? w.flops / hw.flops_per_second(k, t, w.gemm_dim) : 0;
-  const double bandwidth = hw.bandwidth(k, w.bytes);
+  const double bandwidth = hw.bandwidth(k, std::max(w.bytes, w.reuse));
   const double memory = bandwidth > 0 ? w.bytes / bandwidth : 0;
   if (compute_bound) *compute_bound = compute >= memory;
   return hw.op_overhead + std::max(compute, memory);

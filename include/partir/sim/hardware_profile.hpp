@@ -68,8 +68,10 @@ struct HardwareProfile {
   // Op kinds whose kernels move bytes at another rate than streaming elementwise ops (strided copies such
   // as transpose and broadcast_in_dim): bytes/s, by op kind.
   std::map<OpKind, double> op_bandwidth;
-  // Caches: streaming bandwidth by an op's working set (bytes read plus written), as {bytes, bytes/s} points
-  // in increasing bytes, the last one memory_bandwidth's. Between points the rate is interpolated in
+  // Caches: streaming bandwidth by reuse distance, the bytes a device touched since it last touched the data
+  // (an op that rereads its own operands: its working set, bytes read plus written), as {bytes, bytes/s}
+  // points in increasing bytes. Where memory_bandwidth was measured is one of them; a calibrated curve ends
+  // with a point for data that no cache holds any more. Between points the rate is interpolated in
   // log(bytes); outside them it is the nearest point's. Empty: memory_bandwidth whatever the size.
   std::vector<std::pair<double, double>> cache_curve;
   double op_overhead = 0;              // seconds per local op: dispatch, allocation, kernel launch
@@ -100,12 +102,12 @@ struct HardwareProfile {
     return it != elementwise_flops.end() && it->second > 0 ? it->second : flops_per_second(t);
   }
 
-  // Bytes/s of an op of kind k moving `bytes`: the kind's rate for large operands, sped up as much as the
-  // cache curve speeds up streaming at this working set.
-  double bandwidth(OpKind k, double bytes) const {
+  // Bytes/s of an op of kind k whose data was last touched `reuse` bytes ago: the kind's rate (measured where
+  // memory_bandwidth was), scaled as the cache curve scales streaming at this reuse distance.
+  double bandwidth(OpKind k, double reuse) const {
     auto it = op_bandwidth.find(k);
     const double large = it != op_bandwidth.end() ? it->second : memory_bandwidth;
-    return cache_curve.empty() ? large : large * interpolate(cache_curve, bytes) / cache_curve.back().second;
+    return cache_curve.empty() ? large : large * interpolate(cache_curve, reuse) / memory_bandwidth;
   }
 
   // A curve's value at x: interpolated in log(x) between points, the nearest point's outside them.

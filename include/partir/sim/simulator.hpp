@@ -101,6 +101,15 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
   const FusionPlan fusion = plan_fusion(p);
   const auto& frees = fusion.last_uses();
 
+  // Reuse distances: the bytes this device touched so far, and when it last touched each value. A program
+  // input was last touched a step ago (a step reads its parameters once): the step's whole traffic before.
+  double touched = 0, step_traffic = 0;
+  for (ValueId v = 0; v < p.size(); ++v)
+    if (!detail::is_program_input(p.op(v)) && !fusion.skipped(v)) {
+      step_traffic += static_cast<double>(p.type(v).bytes());
+      for (auto o : p.op(v).op.operands) step_traffic += static_cast<double>(p.type(o).bytes());
+    }
+  std::vector<double> last_touch(static_cast<std::size_t>(p.size()), -step_traffic);
   double compute_clock = 0, communication_clock = 0;  // when each stream is free (without overlap: one clock)
   std::vector<double> ready(static_cast<std::size_t>(p.size()), 0);  // when each value exists
   std::vector<TensorType> operand_types;
@@ -136,7 +145,12 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
         // buffer), its root reads the group's inputs once and writes its result.
         if (const FusionGroup* g = fusion.group_at(v)) {
           w.bytes = static_cast<double>(s.op.type.bytes());
-          for (const auto& in : g->inputs) w.bytes += static_cast<double>(p.type(in.value).bytes());
+          for (const auto& in : g->inputs) {
+            w.bytes += static_cast<double>(p.type(in.value).bytes());
+            w.reuse = std::max(w.reuse, touched - last_touch[static_cast<std::size_t>(in.value)]);
+          }
+        } else {
+          for (auto o : s.op.operands) w.reuse = std::max(w.reuse, touched - last_touch[static_cast<std::size_t>(o)]);
         }
         t.flops = w.flops;
         if (fusion.skipped(v)) {
@@ -167,6 +181,13 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
         if (t.communication) communication_clock = compute_clock;
       }
       ready[static_cast<std::size_t>(v)] = t.start + t.seconds;
+      if (!fusion.skipped(v)) {
+        touched += t.bytes;
+        for (auto o : s.op.operands) last_touch[static_cast<std::size_t>(o)] = touched;
+        if (const FusionGroup* g = fusion.group_at(v))
+          for (const auto& in : g->inputs) last_touch[static_cast<std::size_t>(in.value)] = touched;
+        last_touch[static_cast<std::size_t>(v)] = touched;
+      }
       r.timeline.push_back(std::move(t));
 
       if (!fusion.skipped(v)) resident[kinds[static_cast<std::size_t>(v)]] += s.op.type.bytes();
