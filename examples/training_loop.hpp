@@ -81,7 +81,7 @@ struct LoopFlags {
                                          "cached), calibrate (measure again), cpu, h100-nvlink, ... or a JSON file");
     app.add_option("--precision", precision, "compute dtype: f32, bf16 or f16 (f32 master weights)")
         ->check(CLI::IsMember({"f32", "bf16", "f16"}));
-    app.add_option("--bucket-mb", bucket_mb, "fuse smaller gradient all_reduces (and ZeRO reduce_scatters) into buckets of this many MiB, as DDP and FSDP (0: off)")
+    app.add_option("--bucket-mb", bucket_mb, "fuse smaller gradient all_reduces, ZeRO reduce_scatters and ZeRO-3 all_gathers into buckets of this many MiB, as DDP and FSDP (0: off)")
         ->check(CLI::Range(0.0, 1024.0));
     app.add_option("--prefetch-mb", prefetch_mb, "extra MiB that collectives moved early may hold, ZeRO-3's gathers "
                                                  "ahead of their layer (-1: one collective ahead)")

@@ -429,7 +429,7 @@ struct Case {
   Mesh mesh{{"a", 1}};
   Schedule schedule;
   std::uint64_t input_seed = 0;
-  std::int64_t bucket_bytes = 0;  // all_reduce buckets (spmd/bucket.hpp), 0: off
+  std::int64_t bucket_bytes = 0;  // collective buckets (spmd/bucket.hpp), 0: off
   std::int64_t prefetch_bytes = one_collective_ahead;  // how far collectives move up (spmd/schedule.hpp)
   LowerOptions lower_options() const { return {.bucket_bytes = bucket_bytes, .prefetch_bytes = prefetch_bytes}; }
 };
@@ -550,7 +550,7 @@ TEST_CASE("fuzz: random programs and schedules on random meshes match the single
   const long cases = env_long("PARTIR_FUZZ_CASES", 2000);
   const int max_ops = static_cast<int>(std::max(1L, env_long("PARTIR_FUZZ_OPS", 12)));
   const long only = env_long("PARTIR_FUZZ_CASE", -1);
-  long run = 0, rejected = 0, failed = 0, collectives = 0, buckets = 0;
+  long run = 0, rejected = 0, failed = 0, collectives = 0, buckets = 0, gather_buckets = 0;
   for (long i = only >= 0 ? only : 0; i < (only >= 0 ? only + 1 : cases); ++i) {
     Generator g(seed * 1000003 + static_cast<std::uint64_t>(i), max_ops);
     Case c;
@@ -572,6 +572,7 @@ TEST_CASE("fuzz: random programs and schedules on random meshes match the single
         for (const auto& info : lower(partition(build(c.recipe, c.steps), c.mesh, c.schedule), c.lower_options()).collectives()) {
           ++collectives;
           buckets += info.collective.reason.starts_with("bucket of");
+          gather_buckets += info.collective.reason.starts_with("bucket of") && info.collective.kind == CollectiveKind::all_gather;
         }
       } catch (const std::exception&) {
       }
@@ -583,6 +584,6 @@ TEST_CASE("fuzz: random programs and schedules on random meshes match the single
   }
   MESSAGE("fuzz seed " << seed << ": " << run << " cases, " << rejected << " rejected by partition() as user errors, "
                        << failed << " failed, " << collectives << " collectives in the accepted plans (" << buckets
-                       << " of them buckets of all_reduces)");
+                       << " of them buckets, " << gather_buckets << " of all_gathers)");
   CHECK(run - rejected >= run / 2);  // the generator must mostly produce plans that run
 }

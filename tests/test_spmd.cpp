@@ -286,6 +286,33 @@ TEST_CASE("bucketing: small all_reduces fuse into buckets that never delay a val
     const auto a = execute_on_threads(unbucketed, state), b = execute_on_threads(bucketed, state);
     for (const auto& [name, x] : a[0].outputs) CHECK_MESSAGE(x == b[0].outputs.at(name), name);
   }
+  SUBCASE("ZeRO-3's parameter all_gathers bucket in the order the layers use them, each bucket right before its first use") {
+    const Partitioned z3 = partition(step, Mesh{{"batch", 4}}, {bp("batch"), zero3("batch")});
+    const SpmdProgram unbucketed = lower(z3, {.early_collectives = false}),
+                      bucketed = lower(z3, {.bucket_bytes = 25 << 20, .early_collectives = false});
+    const int gathers = count(unbucketed, "batch")[CollectiveKind::all_gather];
+    REQUIRE(gathers >= gradients);
+    CHECK(count(bucketed, "batch")[CollectiveKind::all_gather] < gathers);
+    for (ValueId v = 0; v < bucketed.size(); ++v) {
+      const SpmdOp& s = bucketed.op(v);
+      if (!s.collective || s.collective->kind != CollectiveKind::all_gather) continue;
+      CHECK(s.collective->reason.starts_with("bucket of "));
+      // As late as it can run: the ops between it and the next local computation only cut its result up.
+      ValueId next = v + 1;
+      while (next < bucketed.size() && (bucketed.op(next).op.kind == OpKind::slice || bucketed.op(next).op.kind == OpKind::reshape ||
+                                        bucketed.op(next).op.kind == OpKind::transpose))
+        ++next;
+      REQUIRE(next < bucketed.size());
+      bool reads_the_bucket = false;
+      for (auto o : bucketed.op(next).op.operands) reads_the_bucket |= o > v && o < next;
+      CHECK(reads_the_bucket);
+    }
+    const NamedArrays state = init_inputs(step, 3, true);
+    const auto a = execute_on_threads(unbucketed, state), b = execute_on_threads(bucketed, state);
+    for (std::size_t d = 0; d < a.size(); ++d)
+      for (const auto& [name, x] : a[d].outputs) CHECK_MESSAGE(x == b[d].outputs.at(name), name);
+    CHECK(max_error(step, lower(z3, {.bucket_bytes = 25 << 20}), 7) < 1e-5);  // and moved ahead by the schedule
+  }
   SUBCASE("Megatron's all_reduces are used at once: none waits in a bucket") {
     const Partitioned mp_plan = partition(step, Mesh{{"batch", 2}, {"model", 2}}, {bp("batch"), megatron("model")});
     const SpmdProgram bucketed = lower(mp_plan, {.bucket_bytes = 25 << 20});
@@ -338,6 +365,30 @@ TEST_CASE("bucketing: reduce_scatters along any dim, each member keeping its own
     CHECK(fused[2].outputs.at(name) == plain[2].outputs.at(name));
     for (std::int64_t i = 0; i < x.size(); ++i) CHECK(fused[2].outputs.at(name).at(i) == doctest::Approx(4 * x.at(i)));
   }
+}
+
+TEST_CASE("bucketing: all_gathers along any dim, each member getting its whole result") {
+  // Inputs tiled along dims 1, 2 and 0 over 4 devices, gathered: every device's output is the input.
+  SpmdProgram p("gathers", Mesh{{"d", 4}});
+  const std::vector<std::tuple<std::string, Shape, std::int64_t>> cases{{"x", {2, 8}, 1}, {"y", {3, 4, 4}, 2}, {"z", {8}, 0}};
+  NamedArrays inputs;
+  for (const auto& [name, shape, dim] : cases) {
+    Shape tile = shape;
+    tile[static_cast<std::size_t>(dim)] /= 4;
+    Sharding tiled = Sharding::replicated(static_cast<std::int64_t>(shape.size()));
+    tiled.dims[static_cast<std::size_t>(dim)] = {"d"};
+    const auto v = p.add({local_op(OpKind::input, {}, {tile}, {}, name)});
+    p.add_input({name, v, {shape}, tiled, ""});
+    const auto r = p.add({local_op(OpKind::input, {v}, {shape}), Collective{CollectiveKind::all_gather, {"d"}, dim}});
+    p.add_output({name, r, {shape}, Sharding::replicated(static_cast<std::int64_t>(shape.size())), ""});
+    inputs[name] = random_array(shape, static_cast<std::uint64_t>(inputs.size() + 1));
+  }
+  const SpmdProgram bucketed = bucket_collectives(p, 1 << 20);
+  REQUIRE(bucketed.collectives().size() == 1);
+  CHECK(bucketed.collectives()[0].result == TensorType{{4, 4 + 12 + 2}});
+  const auto fused = execute_on_threads(bucketed, inputs);
+  for (const auto& device : fused)
+    for (const auto& [name, x] : inputs) CHECK_MESSAGE(device.outputs.at(name) == x, name);
 }
 
 TEST_CASE("early collectives: each moves up to its operand, within the prefetch budget; results bitwise the same") {

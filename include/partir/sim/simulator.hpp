@@ -19,8 +19,6 @@ namespace partir {
 
 namespace detail {
 
-inline bool is_program_input(const SpmdOp& s) { return s.op.kind == OpKind::input && !s.collective; }
-
 // The MemoryKind of every value (see MemoryKind).
 inline std::vector<MemoryKind> memory_kinds(const SpmdProgram& p) {
   const auto n = static_cast<std::size_t>(p.size());

@@ -33,7 +33,7 @@ namespace partir {
 
 // What lowering does beyond the plan's own collectives.
 struct LowerOptions {
-  std::int64_t bucket_bytes = 0;  // fuse smaller all_reduces and reduce_scatters into buckets of this size (bucket.hpp); 0: off
+  std::int64_t bucket_bytes = 0;  // fuse smaller all_reduces, reduce_scatters and all_gathers into buckets of this size (bucket.hpp); 0: off
   // Collectives moved up to where their operands are ready, for the executor's communication stream to overlap
   // with the ops in between; a move that keeps a larger result alive longer stays within prefetch_bytes of such
   // results in flight (schedule.hpp; one_collective_ahead: the largest one's).

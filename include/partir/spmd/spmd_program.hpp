@@ -73,6 +73,11 @@ struct SpmdOp {
   friend bool operator==(const SpmdOp&, const SpmdOp&) = default;
 };
 
+namespace detail {
+// A value the program is given (a parameter, optimizer state, a batch), not one it computes.
+inline bool is_program_input(const SpmdOp& s) { return s.op.kind == OpKind::input && !s.collective; }
+}  // namespace detail
+
 // A program cut into pipeline stages (spmd/pipeline.hpp): the devices at position s of `axis` run the ops of
 // stage s, in program order, which is the schedule's order on each stage.
 struct SpmdPipeline {
