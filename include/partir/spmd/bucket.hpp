@@ -86,8 +86,11 @@ inline std::vector<Bucket> plan_buckets(const SpmdProgram& p, std::int64_t bucke
     const std::int64_t bytes = std::max(p.type(s.op.operands[0]).bytes(), s.op.type.bytes());
     const ValueId use = first_use[static_cast<std::size_t>(v)];
     Bucket& b = open[{s.collective->kind, s.collective->axes, s.op.type.dtype, s.stage}];
-    // Every operand must be ready before any result is used.
-    if (!b.members.empty() && (b.bytes + bytes > bucket_bytes || std::max(b.ready, operand) >= std::min(b.first_use, use)))
+    // Every operand must be ready before any result is used. A tile gathered again (ZeRO-3's backward pass
+    // gathers each parameter anew) starts a bucket of its own, at its own first use: the pass between frees it.
+    const bool again = std::ranges::any_of(b.members, [&](ValueId m) { return p.op(m).op.operands == s.op.operands; });
+    if (!b.members.empty() &&
+        (again || b.bytes + bytes > bucket_bytes || std::max(b.ready, operand) >= std::min(b.first_use, use)))
       close(b);
     b.first_use = b.members.empty() ? use : std::min(b.first_use, use);
     b.ready = std::max(b.ready, operand);
