@@ -292,7 +292,8 @@ TEST_CASE("bucketing: small all_reduces fuse into buckets that never delay a val
                       bucketed = lower(z3, {.bucket_bytes = 25 << 20, .early_collectives = false});
     const int gathers = count(unbucketed, "batch")[CollectiveKind::all_gather];
     REQUIRE(gathers >= gradients);
-    CHECK(count(bucketed, "batch")[CollectiveKind::all_gather] < gathers);
+    // One bucket per pass: the backward pass gathers its weights again, in a bucket of its own.
+    CHECK(count(bucketed, "batch")[CollectiveKind::all_gather] == 2);
     for (ValueId v = 0; v < bucketed.size(); ++v) {
       const SpmdOp& s = bucketed.op(v);
       if (!s.collective || s.collective->kind != CollectiveKind::all_gather) continue;
