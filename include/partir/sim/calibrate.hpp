@@ -155,9 +155,9 @@ double elementwise_flops_per_second(C& comm, DType t, const CalibrationOptions& 
 }
 
 // The cache curve's point for data no cache holds any more (a step's parameters and optimizer state, read once
-// a step): an add over arrays of type t that cycles through 4 sets of them, so that each call's operands were
-// last touched 3 sets ago. {bytes touched between uses, bytes/s}. The curve's largest working set (48 MiB) still
-// streams from a cache here (26 GB/s on one core), 4 of them from memory (12-14 GB/s).
+// a step): an add over arrays of type t that cycles through 4 sets of them, so that between two uses of a set the
+// device touches all 4. {those bytes, bytes/s}. The curve's largest working set (48 MiB) still streams from a
+// cache here (26 GB/s on one core), 4 of them from memory (12-14 GB/s).
 template <Communicator C>
 std::pair<double, double> cold_point(C& comm, const TensorType& t, const CalibrationOptions& o) {
   constexpr int sets = 4;
