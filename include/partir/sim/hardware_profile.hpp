@@ -107,7 +107,8 @@ struct HardwareProfile {
   double bandwidth(OpKind k, double reuse) const {
     auto it = op_bandwidth.find(k);
     const double large = it != op_bandwidth.end() ? it->second : memory_bandwidth;
-    return cache_curve.empty() || memory_bandwidth <= 0 ? large : large * interpolate(cache_curve, reuse) / memory_bandwidth;
+    if (cache_curve.empty() || memory_bandwidth <= 0) return large;
+    return large * interpolate(cache_curve, reuse) / memory_bandwidth;
   }
 
   // A curve's value at x: interpolated in log(x) between points, the nearest point's outside them.

@@ -49,6 +49,11 @@ struct Bucket {
 
 inline bool is_gather(const SpmdOp& s) { return s.collective && s.collective->kind == CollectiveKind::all_gather; }
 
+// What collective v counts against a bucket's size: its larger side (an operand; an all_gather's result).
+inline std::int64_t member_bytes(const SpmdProgram& p, ValueId v) {
+  return std::max(p.type(p.op(v).op.operands.at(0)).bytes(), p.type(v).bytes());
+}
+
 inline bool bucketable(const SpmdOp& s) {
   return s.collective && (s.collective->kind == CollectiveKind::all_reduce ||
                           s.collective->kind == CollectiveKind::reduce_scatter || is_gather(s));
@@ -65,8 +70,7 @@ inline std::vector<Bucket> plan_buckets(const SpmdProgram& p, std::int64_t bucke
   for (ValueId v = 0; v < p.size(); ++v) {
     if (!bucketable(p.op(v))) continue;
     const ValueId operand = p.op(v).op.operands.at(0);
-    const std::int64_t bytes = std::max(p.type(operand).bytes(), p.type(v).bytes());
-    if (bytes < bucket_bytes && !bucketable(p.op(operand)))
+    if (member_bytes(p, v) < bucket_bytes && !bucketable(p.op(operand)))
       candidates.emplace_back(is_gather(p.op(v)) ? first_use[static_cast<std::size_t>(v)] : operand, v);
   }
   std::sort(candidates.begin(), candidates.end());
@@ -83,7 +87,7 @@ inline std::vector<Bucket> plan_buckets(const SpmdProgram& p, std::int64_t bucke
     // A program input is ready from the start: a bucket that runs before it takes it along (a ZeRO-3 gather's
     // parameter tile, placed by lowering right before its own gather).
     const ValueId operand = is_program_input(p.op(s.op.operands[0])) ? -1 : s.op.operands[0];
-    const std::int64_t bytes = std::max(p.type(s.op.operands[0]).bytes(), s.op.type.bytes());
+    const std::int64_t bytes = member_bytes(p, v);
     const ValueId use = first_use[static_cast<std::size_t>(v)];
     Bucket& b = open[{s.collective->kind, s.collective->axes, s.op.type.dtype, s.stage}];
     // Every operand must be ready before any result is used. A tile gathered again (ZeRO-3's backward pass

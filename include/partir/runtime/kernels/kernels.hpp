@@ -234,8 +234,9 @@ bool onednn_convolution(const onednn::Convolution& geometry, const Array& x, con
 }
 
 // x [N, spatial..., C], w [window..., C / G, O] -> out [N, spatial'..., O] (ConvDims in op.hpp; G feature groups).
-// oneDNN's primitives where they apply (above), else im2col: row p of an image's patches holds its group's C / G features under each tap of output position p's
-// window (zeros off the input or between dilated elements), taps major; then per group one GEMM
+// oneDNN's primitives where they apply (above), else im2col: row p of an image's patches holds its group's C / G
+// features under each tap of output position p's window (zeros off the input or between dilated elements), taps
+// major; then per group one GEMM
 // [images x P, taps x C/G] x [taps x C/G, O/G] on the GEMM engine in use (gemm_engine.hpp), the kernel's and the
 // result's columns of the group strided by O, per batch of images whose patches fit in 64 MiB.
 template <class T>
