@@ -3,7 +3,7 @@
 // step of the group computes its tile into a small register buffer that the next steps read, so only the
 // group's inputs are read from memory and only its root is written. Every step computes each element with
 // the same fixed-size block code as the op's own kernel (kernels::blockwise), so fused results are bitwise
-// equal to unfused ones and independent of buffer addresses.
+// equal to unfused ones (16-bit groups: see run_group) and independent of buffer addresses.
 #include <span>
 
 #include "partir/runtime/kernels/eval.hpp"
@@ -93,8 +93,10 @@ void run_step(const FusedStep& s, std::span<const T* const> a, std::int64_t len,
   }
 }
 
-// S: the stored element type. 16-bit groups compute in f32 and round every step's register to 16 bits, as
-// the unfused ops round their results (bitwise equal to them).
+// S: the stored element type. 16-bit groups compute in f32 and round only what they store, the root: the
+// steps between keep f32's precision (XLA's allow_excess_precision, Inductor's upcast; PyTorch's own fused
+// GELU and layer norm kernels do the same). Rounding every step as the unfused ops do cost half of a large
+// group's time.
 template <class S>
 void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array& out) {
   constexpr bool half = is_half_type<S>;
@@ -104,8 +106,25 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
   if (n == 0) return;
   const std::int64_t width = std::max(n, b) < tile ? std::max(n, b) : tile;
   const std::size_t steps = g.steps.size(), ins = g.inputs.size();
-  std::vector<T> regs(steps * static_cast<std::size_t>(width)), loaded(ins * static_cast<std::size_t>(width));
-  auto reg = [&](std::size_t i) { return regs.data() + i * static_cast<std::size_t>(width); };
+  // Step s writes register slot[s]; a slot is free again after the last step that reads it, so a large group
+  // keeps only the values still to be read in L1.
+  std::vector<std::size_t> slot(steps), last_read(steps), free_slots;
+  for (std::size_t s = 0; s < steps; ++s) {
+    last_read[s] = s;
+    for (int a : g.steps[s].args)
+      if (a >= 0) last_read[static_cast<std::size_t>(a)] = s;
+  }
+  std::size_t slots = 0;
+  for (std::size_t s = 0; s < steps; ++s) {
+    if (free_slots.empty()) slot[s] = slots++;
+    else slot[s] = free_slots.back(), free_slots.pop_back();
+    for (int a : g.steps[s].args)  // freed after slot[s] is taken: a step never writes over its operands
+      if (a >= 0 && last_read[static_cast<std::size_t>(a)] == s &&
+          std::ranges::find(free_slots, slot[static_cast<std::size_t>(a)]) == free_slots.end())
+        free_slots.push_back(slot[static_cast<std::size_t>(a)]);
+  }
+  std::vector<T> regs(slots * static_cast<std::size_t>(width)), loaded(ins * static_cast<std::size_t>(width));
+  auto reg = [&](std::size_t s) { return regs.data() + slot[s] * static_cast<std::size_t>(width); };
   auto buf = [&](std::size_t i) { return loaded.data() + i * static_cast<std::size_t>(width); };
   const bool padded = n < b;  // one block with every input padded by its first element, as blockwise does
   std::vector<const T*> in(ins), args;
@@ -142,12 +161,10 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
       const bool root = s + 1 == steps;
       if constexpr (half) {
         run_step<T>(g.steps[s], args, len, reg(s));
-        T* r = reg(s);
         if (root) {
+          const T* r = reg(s);
           S* o = ptr<S>(out) + (padded ? 0 : i0);
           for (std::int64_t j = 0, m = padded ? n : len; j < m; ++j) o[j] = S(r[j]);
-        } else {
-          for (std::int64_t j = 0; j < len; ++j) r[j] = static_cast<float>(S(r[j]));
         }
       } else {
         run_step<T>(g.steps[s], args, len, root && !padded ? ptr<T>(out) + i0 : reg(s));

@@ -1,15 +1,16 @@
 #pragma once
 // Elementwise fusion plan: which ops of a program run together in one blocked loop (fused_kernel.hpp)
-// instead of one pass over memory each. A group is a tree of elementwise ops (unary, binary, compare,
-// select) of one float dtype whose inner values each feed exactly one op of the group and nothing else; its
-// root's result is the only buffer it writes. A broadcast_in_dim whose every user is in some group is never
+// instead of one pass over memory each. A group is a DAG of elementwise ops (unary, binary, compare,
+// select) of one float dtype whose inner values feed ops of the group and nothing else (a value read by
+// several of them is computed once); its root's result is the only buffer it writes. A broadcast_in_dim whose every user is in some group is never
 // materialized: the groups read its operand through an index pattern instead (a scalar, a row repeated, a
 // column stretched); nor is a convert from 16 bits to f32 (a mixed-precision gradient entering the f32
 // update): the groups widen its operand as they load it. Everything else runs op by op. Pure IR analysis:
 // the executor, the interpreter and the simulator (for memory) all read the same plan.
 //
 // Fused results are bitwise equal to unfused ones: each op still computes every element with the same
-// fixed-size vector code (kernels::blockwise), only without the round trip through memory in between.
+// fixed-size vector code (kernels::blockwise), only without the round trip through memory in between (a
+// 16-bit group keeps f32 between its steps and rounds what it stores, fused_kernel.hpp).
 // Set PARTIR_FUSION=0 in the environment (or call set_fusion(false)) to run every op by itself.
 #include <algorithm>
 #include <atomic>
@@ -101,6 +102,9 @@ PARTIR_ENTRY FusionPlan plan_fusion(const SpmdProgram& p);
 #if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
+// A member is computed again in at most this many groups; past that it is stored once and read.
+inline constexpr std::size_t kMaxCopies = 4;
+
 inline bool fusable_kind(OpKind k) {
   return (is_elementwise(k) && k != OpKind::convert) || k == OpKind::compare || k == OpKind::select;
 }
@@ -155,22 +159,33 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
         if (op(a).type.dtype != o.type.dtype || op(a).type.elements() != o.type.elements()) return false;
       return true;
     };
-    // Walking backwards, a member joins its only user's group; any other member roots a new one.
-    std::vector<int> group_of(n, -1);
+    // Walking backwards, a member whose users are all in groups joins each of them: one group computes it once
+    // for all its readers there; several groups each compute it again (XLA's producer duplication), so it is
+    // never stored and the groups read its operands instead, as a backward pass recomputes an activation's
+    // elementwise tail from the one value it keeps. Any other member roots a new group.
+    std::vector<std::vector<int>> groups_of(n);  // ascending
     int groups = 0;
     for (ValueId v = size; v-- > 0;) {
       if (!member(v)) continue;
-      const auto& u = users[static_cast<std::size_t>(v)];
-      const bool joins = u.size() == 1 && !is_output[static_cast<std::size_t>(v)] && group_of[static_cast<std::size_t>(u[0])] >= 0;
-      group_of[static_cast<std::size_t>(v)] = joins ? group_of[static_cast<std::size_t>(u[0])] : groups++;
+      std::vector<int> joined;
+      bool joins = !is_output[static_cast<std::size_t>(v)] && !users[static_cast<std::size_t>(v)].empty();
+      for (auto u : users[static_cast<std::size_t>(v)]) {
+        const auto& g = groups_of[static_cast<std::size_t>(u)];
+        joins &= !g.empty();
+        joined.insert(joined.end(), g.begin(), g.end());
+      }
+      std::ranges::sort(joined);
+      joined.erase(std::unique(joined.begin(), joined.end()), joined.end());
+      groups_of[static_cast<std::size_t>(v)] = joins && joined.size() <= detail::kMaxCopies ? joined : std::vector<int>{groups++};
     }
+    auto in_group = [&](ValueId v, int g) { return std::ranges::binary_search(groups_of[static_cast<std::size_t>(v)], g); };
     // Broadcasts and widening converts read through a pattern: every user is a member and the pattern exists.
     std::vector<std::optional<FusedInput>> pattern(n);
     for (ValueId v = 0; v < size; ++v) {
       const Op& o = op(v);
       if (!computed(v) || is_output[static_cast<std::size_t>(v)] || users[static_cast<std::size_t>(v)].empty()) continue;
       bool all_members = true;
-      for (auto u : users[static_cast<std::size_t>(v)]) all_members &= group_of[static_cast<std::size_t>(u)] >= 0;
+      for (auto u : users[static_cast<std::size_t>(v)]) all_members &= !groups_of[static_cast<std::size_t>(u)].empty();
       if (!all_members) continue;
       if (o.kind == OpKind::broadcast_in_dim)
         pattern[static_cast<std::size_t>(v)] = detail::broadcast_pattern(op(o.operands[0]).type.shape, o);
@@ -180,29 +195,32 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
     // Build the groups in program order.
     std::vector<FusionGroup> built(static_cast<std::size_t>(groups));
     std::vector<char> patterned(static_cast<std::size_t>(groups), 0);
-    std::vector<int> step_of(n, -1);
+    std::vector<std::vector<int>> step_of(n);  // v's step in each of its groups, as groups_of
     for (ValueId v = 0; v < size; ++v) {
-      const int g = group_of[static_cast<std::size_t>(v)];
-      if (g < 0) continue;
-      FusionGroup& grp = built[static_cast<std::size_t>(g)];
-      const Op& o = op(v);
-      FusedStep s{v, o.kind, o.attrs.cmp, {}};
-      for (auto a : o.operands) {
-        if (group_of[static_cast<std::size_t>(a)] == g) {
-          s.args.push_back(step_of[static_cast<std::size_t>(a)]);
-          continue;
+      const auto& in = groups_of[static_cast<std::size_t>(v)];
+      for (std::size_t k = 0; k < in.size(); ++k) {
+        const int g = in[k];
+        FusionGroup& grp = built[static_cast<std::size_t>(g)];
+        const Op& o = op(v);
+        FusedStep s{v, o.kind, o.attrs.cmp, {}};
+        for (auto a : o.operands) {
+          if (in_group(a, g)) {
+            const auto& ga = groups_of[static_cast<std::size_t>(a)];
+            s.args.push_back(step_of[static_cast<std::size_t>(a)][static_cast<std::size_t>(std::ranges::lower_bound(ga, g) - ga.begin())]);
+            continue;
+          }
+          const auto& pat = pattern[static_cast<std::size_t>(a)];
+          patterned[static_cast<std::size_t>(g)] |= pat.has_value();
+          const FusedInput fi = pat ? *pat : FusedInput{a};
+          auto it = std::find(grp.inputs.begin(), grp.inputs.end(), fi);
+          if (it == grp.inputs.end()) it = grp.inputs.insert(grp.inputs.end(), fi);
+          s.args.push_back(-1 - static_cast<int>(it - grp.inputs.begin()));
         }
-        const auto& pat = pattern[static_cast<std::size_t>(a)];
-        patterned[static_cast<std::size_t>(g)] |= pat.has_value();
-        const FusedInput in = pat ? *pat : FusedInput{a};
-        auto it = std::find(grp.inputs.begin(), grp.inputs.end(), in);
-        if (it == grp.inputs.end()) it = grp.inputs.insert(grp.inputs.end(), in);
-        s.args.push_back(-1 - static_cast<int>(it - grp.inputs.begin()));
+        step_of[static_cast<std::size_t>(v)].push_back(static_cast<int>(grp.steps.size()));
+        grp.steps.push_back(std::move(s));
+        grp.root = v;
+        grp.type = o.type;
       }
-      step_of[static_cast<std::size_t>(v)] = static_cast<int>(grp.steps.size());
-      grp.steps.push_back(std::move(s));
-      grp.root = v;
-      grp.type = o.type;
     }
     for (std::size_t g = built.size(); g-- > 0;) {  // numbered walking backwards: ascending roots
       FusionGroup& grp = built[g];
