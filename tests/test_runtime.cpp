@@ -1201,6 +1201,28 @@ TEST_CASE("fusion: fused groups give bitwise the unfused results, at every size"
   CHECK(skipped_converts > 5);  // widening ones only: a narrowing convert rounds, its result is materialized
 }
 
+TEST_CASE("fusion: a large group split over the kernel threads gives what one thread gives") {
+  Rng rng(24);
+  const Shape s{3, 100003};  // past the split threshold, not a whole number of tiles
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Program p = random_elementwise(rng, s, dt);
+    const NamedArrays in{{"x", random_array(rng, {s, dt}, 0.1, 2)}, {"y", random_array(rng, {s, dt}, -2, 2)},
+                         {"b", random_array(rng, {{s[1]}, dt})}, {"c", random_array(rng, {{s[0]}, dt})}};
+    NamedArrays one, three;
+    {
+      const KernelThreads single(1);
+      one = interpret(p, in);
+    }
+    {
+      const KernelThreads split(3);
+      three = interpret(p, in);
+    }
+    INFO(to_string(p));
+    for (const auto& [name, value] : one)
+      CHECK(std::memcmp(layout::bytes(three.at(name)), layout::bytes(value), static_cast<std::size_t>(value.bytes())) == 0);
+  }
+}
+
 TEST_CASE("fusion: the plan of an MLP train step") {
   nn::Mlp model{"params/mlp", {8, 16, 8}};
   const Program step = train_step([&](Tensor x, Tensor y) { return mse(model(x), y); }, SGD{0.01},

@@ -93,6 +93,9 @@ void run_step(const FusedStep& s, std::span<const T* const> a, std::int64_t len,
   }
 }
 
+// Elements a group must have to be split across the kernel threads (~0.1 ms of work or more).
+inline constexpr std::int64_t kParallelElements = 1 << 18;
+
 // S: the stored element type. 16-bit groups compute in f32 and round only what they store, the root: the
 // steps between keep f32's precision (XLA's allow_excess_precision, Inductor's upcast; PyTorch's own fused
 // GELU and layer norm kernels do the same). Rounding every step as the unfused ops do cost half of a large
@@ -123,63 +126,76 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
           std::ranges::find(free_slots, slot[static_cast<std::size_t>(a)]) == free_slots.end())
         free_slots.push_back(slot[static_cast<std::size_t>(a)]);
   }
-  std::vector<T> regs(slots * static_cast<std::size_t>(width)), loaded(ins * static_cast<std::size_t>(width));
-  auto reg = [&](std::size_t s) { return regs.data() + slot[s] * static_cast<std::size_t>(width); };
-  auto buf = [&](std::size_t i) { return loaded.data() + i * static_cast<std::size_t>(width); };
   const bool padded = n < b;  // one block with every input padded by its first element, as blockwise does
-  std::vector<const T*> in(ins), args;
-  // Input k's elements from i0 into its buffer, widened from 16 bits (the group's own type, or the operand of
-  // a widening convert into an f32 group).
-  auto load = [&](std::size_t k, const FusedInput& fi, std::int64_t i0, std::int64_t len) {
-    if constexpr (std::is_same_v<S, float>) {
-      if (inputs[k]->dtype() == DType::bf16) return load_pattern(fi, ptr<bf16>(*inputs[k]), i0, len, buf(k));
-      if (inputs[k]->dtype() == DType::f16) return load_pattern(fi, ptr<f16>(*inputs[k]), i0, len, buf(k));
-    }
-    load_pattern(fi, ptr<S>(*inputs[k]), i0, len, buf(k));
-  };
-  auto run_tile = [&](std::int64_t i0, std::int64_t len) {
-    for (std::size_t k = 0; k < ins; ++k) {
-      const FusedInput& fi = g.inputs[k];
-      const bool widens = half || is_half(inputs[k]->dtype());
-      if (padded) {
-        load(k, fi.mod ? fi : FusedInput{fi.value, 1, n}, 0, n);
-        std::fill(buf(k) + n, buf(k) + b, buf(k)[0]);
-        in[k] = buf(k);
-      } else if (fi.mod == 0 && widens) {
-        load(k, fi, i0, len);
-        in[k] = buf(k);
-      } else if (fi.mod == 0) {
-        if constexpr (!half) in[k] = ptr<S>(*inputs[k]) + i0;
-      } else if (fi.mod != 1 || i0 == 0) {  // a scalar is loaded once
-        load(k, fi, i0, len);
-        in[k] = buf(k);
+  // Elements [lo, hi) (hi - lo >= one block), tile by tile, with buffers of its own.
+  auto run_range = [&](std::int64_t lo, std::int64_t hi) {
+    std::vector<T> regs(slots * static_cast<std::size_t>(width)), loaded(ins * static_cast<std::size_t>(width));
+    auto reg = [&](std::size_t s) { return regs.data() + slot[s] * static_cast<std::size_t>(width); };
+    auto buf = [&](std::size_t i) { return loaded.data() + i * static_cast<std::size_t>(width); };
+    std::vector<const T*> in(ins), args;
+    // Input k's elements from i0 into its buffer, widened from 16 bits (the group's own type, or the operand
+    // of a widening convert into an f32 group).
+    auto load = [&](std::size_t k, const FusedInput& fi, std::int64_t i0, std::int64_t len) {
+      if constexpr (std::is_same_v<S, float>) {
+        if (inputs[k]->dtype() == DType::bf16) return load_pattern(fi, ptr<bf16>(*inputs[k]), i0, len, buf(k));
+        if (inputs[k]->dtype() == DType::f16) return load_pattern(fi, ptr<f16>(*inputs[k]), i0, len, buf(k));
       }
-    }
-    for (std::size_t s = 0; s < steps; ++s) {
-      args.clear();
-      for (int a : g.steps[s].args) args.push_back(a < 0 ? in[static_cast<std::size_t>(-1 - a)] : reg(static_cast<std::size_t>(a)));
-      const bool root = s + 1 == steps;
-      if constexpr (half) {
-        run_step<T>(g.steps[s], args, len, reg(s));
-        if (root) {
-          const T* r = reg(s);
-          S* o = ptr<S>(out) + (padded ? 0 : i0);
-          for (std::int64_t j = 0, m = padded ? n : len; j < m; ++j) o[j] = S(r[j]);
+      load_pattern(fi, ptr<S>(*inputs[k]), i0, len, buf(k));
+    };
+    auto run_tile = [&](std::int64_t i0, std::int64_t len) {
+      for (std::size_t k = 0; k < ins; ++k) {
+        const FusedInput& fi = g.inputs[k];
+        const bool widens = half || is_half(inputs[k]->dtype());
+        if (padded) {
+          load(k, fi.mod ? fi : FusedInput{fi.value, 1, n}, 0, n);
+          std::fill(buf(k) + n, buf(k) + b, buf(k)[0]);
+          in[k] = buf(k);
+        } else if (fi.mod == 0 && widens) {
+          load(k, fi, i0, len);
+          in[k] = buf(k);
+        } else if (fi.mod == 0) {
+          if constexpr (!half) in[k] = ptr<S>(*inputs[k]) + i0;
+        } else if (fi.mod != 1 || i0 == lo) {  // a scalar is loaded once
+          load(k, fi, i0, len);
+          in[k] = buf(k);
         }
-      } else {
-        run_step<T>(g.steps[s], args, len, root && !padded ? ptr<T>(out) + i0 : reg(s));
       }
+      for (std::size_t s = 0; s < steps; ++s) {
+        args.clear();
+        for (int a : g.steps[s].args) args.push_back(a < 0 ? in[static_cast<std::size_t>(-1 - a)] : reg(static_cast<std::size_t>(a)));
+        const bool root = s + 1 == steps;
+        if constexpr (half) {
+          run_step<T>(g.steps[s], args, len, reg(s));
+          if (root) {
+            const T* r = reg(s);
+            S* o = ptr<S>(out) + (padded ? 0 : i0);
+            for (std::int64_t j = 0, m = padded ? n : len; j < m; ++j) o[j] = S(r[j]);
+          }
+        } else {
+          run_step<T>(g.steps[s], args, len, root && !padded ? ptr<T>(out) + i0 : reg(s));
+        }
+      }
+      if constexpr (!half)
+        if (padded) std::copy_n(reg(steps - 1), n, ptr<T>(out));
+    };
+    if (padded) return run_tile(0, b);
+    for (std::int64_t i0 = lo; i0 < hi; i0 += width) {
+      // A short last tile (under one block) is taken together with the end of the one before it.
+      const std::int64_t len = std::min(width, hi - i0);
+      if (len < b) run_tile(hi - b, b);
+      else run_tile(i0, len);
     }
-    if constexpr (!half)
-      if (padded) std::copy_n(reg(steps - 1), n, ptr<T>(out));
   };
-  if (padded) return run_tile(0, b);
-  for (std::int64_t i0 = 0; i0 < n; i0 += width) {
-    // A short last tile (under one block) is taken together with the end of the one before it.
-    const std::int64_t len = std::min(width, n - i0);
-    if (len < b) run_tile(n - b, b);
-    else run_tile(i0, len);
-  }
+  // Large groups are split into one range of whole tiles per kernel thread (the last range takes the rest),
+  // run by the OpenMP team that oneDNN's GEMMs use (a second pool would fight its spinning threads for the
+  // cores): every element is computed by the same code whatever the split, so results do not depend on it.
+  const std::int64_t tiles = n / width;
+  const int parts = n < kParallelElements ? 1 : static_cast<int>(std::min<std::int64_t>(kernel_threads(), tiles));
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(parts) schedule(static, 1)
+#endif
+  for (int t = 0; t < parts; ++t)
+    run_range(tiles * t / parts * width, t + 1 == parts ? n : tiles * (t + 1) / parts * width);
 }
 
 }  // namespace kernels

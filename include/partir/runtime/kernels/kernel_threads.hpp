@@ -3,9 +3,10 @@
 // The budget is PARTIR_NUM_THREADS (default: the hardware threads). A single device (interpret, or one
 // device on the threads backend) gets all of it; N devices on the threads backend get budget / N each, and an
 // MPI rank gets budget / (ranks on its host): with one device per core that is one GEMM thread each, so GEMM
-// pools never fight the device threads or each other. Only the GEMMs use more than one thread: OpenBLAS's
-// pool is sized here (process-wide); oneDNN's OpenMP team is sized per calling thread from kernel_threads()
-// (onednn.hpp). Eigen's product and the elementwise loops run on the calling thread.
+// pools never fight the device threads or each other. Only the GEMMs and large fused elementwise groups use
+// more than one thread: OpenBLAS's pool is sized here (process-wide); oneDNN's OpenMP team is sized per
+// calling thread from kernel_threads() (onednn.hpp), and the groups run on that same team (fused_kernel.hpp).
+// Eigen's product and the other loops run on the calling thread.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>

@@ -318,8 +318,9 @@ void windows(const Array& x, const Array* g, const Attrs& a, Array& out) {
 
 // Walks the input once in memory order. After fusing dims, the innermost run is either reduced (one
 // vectorized sum/max per run) or kept (added as a vector into the output row), which covers both
-// "reduce the last dims" and "reduce the leading dims" without strided inner loops.
-template <class T, bool take_max>
+// "reduce the last dims" and "reduce the leading dims" without strided inner loops. A 16-bit input (S) is
+// widened one run at a time into f32 (T): the same f32 sums as of a widened copy, without the copy's pass.
+template <class T, bool take_max, class S = T>
 void reduce(const Array& x, const std::vector<std::int64_t>& dims, Array& out) {
   const T identity = !take_max                              ? T(0)
                      : std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
@@ -333,7 +334,7 @@ void reduce(const Array& x, const std::vector<std::int64_t>& dims, Array& out) {
     if (std::find(dims.begin(), dims.end(), static_cast<std::int64_t>(d)) == dims.end()) strides[1][d] = os[kept++];
   simplify(shape, strides);
   if (shape.empty()) {
-    ptr<T>(out)[0] = ptr<T>(x)[0];
+    ptr<T>(out)[0] = static_cast<T>(ptr<S>(x)[0]);
     return;
   }
   const std::int64_t n = shape.back();
@@ -341,13 +342,21 @@ void reduce(const Array& x, const std::vector<std::int64_t>& dims, Array& out) {
   shape.pop_back();
   strides[0].pop_back();
   strides[1].pop_back();
-  const T* src = ptr<T>(x);
+  const S* src = ptr<S>(x);
   T* dst = ptr<T>(out);
+  std::vector<T> widened_run(is_half_type<S> ? static_cast<std::size_t>(n) : 0);
   for_each_index<2>(shape, strides, [&](const auto& off) {
-    Eigen::Map<const Vec<T>> run(src + off[0], n);
+    const T* from;
+    if constexpr (is_half_type<S>) {
+      convert_elements(src + off[0], widened_run.data(), n);
+      from = widened_run.data();
+    } else {
+      from = src + off[0];
+    }
+    Eigen::Map<const Vec<T>> run(from, n);
     if (reduce_run) {
       T& acc = dst[off[1]];
-      acc = take_max ? std::max(acc, run.maxCoeff()) : acc + ordered_sum(src + off[0], n);
+      acc = take_max ? std::max(acc, run.maxCoeff()) : acc + ordered_sum(from, n);
     } else {
       Eigen::Map<Vec<T>> acc(dst + off[1], n);
       if constexpr (take_max) acc = acc.max(run);
@@ -510,6 +519,14 @@ inline bool moves_data(OpKind kind) {
 }
 
 // A computing op with 16-bit operands or result: run in f32 on widened copies, rounded back to op's dtype.
+// An f32 result rounded into `type` (16-bit); its buffer goes back to the cache.
+inline Array narrowed(Array wide, const TensorType& type) {
+  Array out = buffer_cache().take(type);
+  visit_dtype(type.dtype, [&](auto t) { convert_elements(ptr<float>(wide), ptr<decltype(t)>(out), out.size()); });
+  buffer_cache().give(std::move(wide));
+  return out;
+}
+
 inline Array eval_in_f32(const Op& op, std::span<const Array* const> operands) {
   Op wide = op;
   if (is_half(wide.type.dtype)) wide.type.dtype = DType::f32;
@@ -526,11 +543,7 @@ inline Array eval_in_f32(const Op& op, std::span<const Array* const> operands) {
   }
   Array result = eval(wide, args);
   for (auto& c : copies) buffer_cache().give(std::move(c));
-  if (result.dtype() == op.type.dtype) return result;
-  Array out = buffer_cache().take(op.type);
-  visit_dtype(op.type.dtype, [&](auto t) { convert_elements(ptr<float>(result), ptr<decltype(t)>(out), out.size()); });
-  buffer_cache().give(std::move(result));
-  return out;
+  return result.dtype() == op.type.dtype ? result : narrowed(std::move(result), op.type);
 }
 }  // namespace kernels
 
@@ -551,6 +564,16 @@ PARTIR_ENTRY Array eval(const Op& op, std::span<const Array* const> operands) {
                                                         x, *operands[1], out))
         return out;
       k::buffer_cache().give(std::move(out));
+    }
+    if ((op.kind == K::reduce_sum || op.kind == K::reduce_max) && is_half(x.dtype())) {
+      Array wide = k::buffer_cache().take({op.type.shape, DType::f32});
+      k::visit_dtype(x.dtype(), [&](auto s) {
+        if constexpr (is_half_type<decltype(s)>) {
+          if (op.kind == K::reduce_sum) k::reduce<float, false, decltype(s)>(x, a.dims, wide);
+          else k::reduce<float, true, decltype(s)>(x, a.dims, wide);
+        }
+      });
+      return k::narrowed(std::move(wide), op.type);
     }
     return k::eval_in_f32(op, operands);
   }
