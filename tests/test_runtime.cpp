@@ -1201,9 +1201,24 @@ TEST_CASE("fusion: fused groups give bitwise the unfused results, at every size"
   CHECK(skipped_converts > 5);  // widening ones only: a narrowing convert rounds, its result is materialized
 }
 
-TEST_CASE("fusion: a large group split over the kernel threads gives what one thread gives") {
+TEST_CASE("fusion: large groups and converts split over the kernel threads give what one thread gives") {
   Rng rng(24);
   const Shape s{3, 100003};  // past the split threshold, not a whole number of tiles
+  const Array wide = random_array(rng, {s, DType::f32}, -1e3, 1e3);
+  for (DType to : {DType::bf16, DType::f16}) {
+    Attrs narrow;
+    narrow.dtype = to;
+    Array one, three;
+    {
+      const KernelThreads single(1);
+      one = run(OpKind::convert, {wide}, narrow);
+    }
+    {
+      const KernelThreads split(3);
+      three = run(OpKind::convert, {wide}, narrow);
+    }
+    CHECK(std::memcmp(layout::bytes(three), layout::bytes(one), static_cast<std::size_t>(one.bytes())) == 0);
+  }
   for (DType dt : {DType::f32, DType::bf16}) {
     const Program p = random_elementwise(rng, s, dt);
     const NamedArrays in{{"x", random_array(rng, {s, dt}, 0.1, 2)}, {"y", random_array(rng, {s, dt}, -2, 2)},
@@ -1244,6 +1259,9 @@ TEST_CASE("fusion: the plan of an MLP train step") {
         "%54 <- mul(%51/1%1,%25) sub(%12,%53)\n");
   for (ValueId v = 0; v < step.size(); ++v)
     if (step.op(v).kind == OpKind::broadcast_in_dim) CHECK(plan.skipped(v));
+  CHECK(plan.copies(6) == 2);
+  CHECK(plan.copies(9) == 1);
+  CHECK(plan.copies(3) == 0);
 }
 
 TEST_CASE("interpret: a reshape of a dying intermediate takes its buffer, values intact") {

@@ -369,6 +369,30 @@ TEST_CASE("simulate: a fused elementwise chain is one pass over memory") {
   CHECK(slow.timeline.at(1).bound == "compute");
 }
 
+// A value two groups read is computed in each (fusion.hpp's producer duplication): its FLOPs count twice.
+TEST_CASE("simulate: a value computed again in two groups costs its FLOPs in each") {
+  const TensorType v{{256}};  // 1 KiB
+  SpmdProgram p("twice", Mesh{{"batch", 1}});
+  auto x = p.add({input_op("x", v, InputKind::data)});
+  p.add_input({"x", x, v, Sharding::replicated(1), ""});
+  auto square = p.add({local_op(OpKind::mul, {x, x}, v)});
+  auto y = p.add({local_op(OpKind::add, {square, x}, v)});
+  auto z = p.add({local_op(OpKind::sub, {square, x}, v)});
+  p.add_output({"y", y, v, Sharding::replicated(1), ""});
+  p.add_output({"z", z, v, Sharding::replicated(1), ""});
+  const FusionPlan plan = plan_fusion(p);
+  CHECK(plan.groups().size() == 2);
+  CHECK(plan.copies(square) == 2);
+  CHECK(plan.skipped(square));
+  HardwareProfile vector_bound = unit_profile();
+  vector_bound.elementwise_flops[DType::f32] = 0.1e9;
+  const Report r = simulate(p, vector_bound);
+  // mul twice (once per group), add and sub once: 4 x 256 FLOPs at 0.1 GFLOP/s, each outlasting its memory.
+  CHECK(r.timeline.at(0).flops == 2 * 256);
+  CHECK(r.compute_seconds == doctest::Approx(4 * 256 / 0.1e9));
+  CHECK(r.peak_bytes == 3 * 1024);  // x, y, z: the square never stored
+}
+
 TEST_CASE("simulate: data a step last touched streams at the cache curve's far rate, data just made at its near one") {
   const TensorType v{{256}};  // 1 KiB
   SpmdProgram p("reuse", Mesh{{"batch", 1}});

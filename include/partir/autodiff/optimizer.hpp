@@ -99,10 +99,8 @@ inline ParamUpdate adam_update(Program& p, ValueId param, ValueId grad, const st
   // Bias corrections in the update's dtype (t itself is f32), so f64 parameters get an f64 update.
   const Tensor t_w = convert(t, math);
   auto bias_correction = [&](double beta) { return 1.0 - pow(constant(p, beta, {}, math), t_w); };
-  // The corrections folded into scalars first (as torch's step_size and bias_correction2_sqrt): one division
-  // and one square root per element, where dividing m and v by them would be three divisions.
-  const Tensor step_size = lr / bias_correction(r.beta1), inv_sqrt_correction = 1.0 / sqrt(bias_correction(r.beta2));
-  out.param = convert(w - step_size * (m / (sqrt(v) * inv_sqrt_correction + r.eps)), stored.dtype()).id();
+  const Tensor m_hat = m / bias_correction(r.beta1), v_hat = v / bias_correction(r.beta2);
+  out.param = convert(w - lr * m_hat / (sqrt(v_hat) + r.eps), stored.dtype()).id();
   out.state.push_back({m_name, convert(m, stored.dtype()).id(), m_name});
   out.state.push_back({v_name, convert(v, stored.dtype()).id(), v_name});
   return out;
@@ -121,7 +119,7 @@ struct SGD {
 
 // Adam (Kingma & Ba, as in torch.optim.Adam):
 //   t <- t + 1;  m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
-//   p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+//   p <- p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 // State: opt/adam/m/<param>, opt/adam/v/<param> (param's type) and one shared f32 scalar opt/adam/step (t).
 struct Adam {
   double learning_rate = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;

@@ -150,8 +150,8 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
         } else {
           for (auto o : s.op.operands) w.reuse = std::max(w.reuse, touched - last_touch[static_cast<std::size_t>(o)]);
         }
-        t.flops = w.flops;
-        if (fusion.skipped(v)) {
+        if (fusion.skipped(v)) {  // computed in registers by each group that reads it
+          w.flops *= fusion.copies(v);
           t.bytes = 0;
           t.seconds = w.flops / hw.flops_per_second(s.op.kind, s.op.type.dtype);
           t.bound = "fused";
@@ -162,6 +162,7 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
           t.seconds = roofline_seconds(w, kind, s.op.type.dtype, hw, &compute_bound);
           t.bound = compute_bound ? "compute" : "memory";
         }
+        t.flops = w.flops;
         r.compute_seconds += t.seconds;
         r.flops += w.flops;
       }

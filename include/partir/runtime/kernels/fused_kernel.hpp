@@ -93,9 +93,6 @@ void run_step(const FusedStep& s, std::span<const T* const> a, std::int64_t len,
   }
 }
 
-// Elements a group must have to be split across the kernel threads (~0.1 ms of work or more).
-inline constexpr std::int64_t kParallelElements = 1 << 18;
-
 // S: the stored element type. 16-bit groups compute in f32 and round only what they store, the root: the
 // steps between keep f32's precision (XLA's allow_excess_precision, Inductor's upcast; PyTorch's own fused
 // GELU and layer norm kernels do the same). Rounding every step as the unfused ops do cost half of a large
@@ -186,16 +183,9 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
       else run_tile(i0, len);
     }
   };
-  // Large groups are split into one range of whole tiles per kernel thread (the last range takes the rest),
-  // run by the OpenMP team that oneDNN's GEMMs use (a second pool would fight its spinning threads for the
-  // cores): every element is computed by the same code whatever the split, so results do not depend on it.
-  const std::int64_t tiles = n / width;
-  const int parts = n < kParallelElements ? 1 : static_cast<int>(std::min<std::int64_t>(kernel_threads(), tiles));
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(parts) schedule(static, 1)
-#endif
-  for (int t = 0; t < parts; ++t)
-    run_range(tiles * t / parts * width, t + 1 == parts ? n : tiles * (t + 1) / parts * width);
+  // Large groups run as ranges of whole tiles on the kernel threads: every element is computed by the same
+  // code whatever the split, so results do not depend on it.
+  split_over_kernel_threads(n, width, run_range);
 }
 
 }  // namespace kernels

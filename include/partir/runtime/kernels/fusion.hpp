@@ -74,6 +74,8 @@ class FusionPlan {
   }
   // v is computed inside a group (or read through a pattern) and never gets a buffer of its own.
   bool skipped(ValueId v) const { return skipped_[static_cast<std::size_t>(v)] != 0; }
+  // How many groups compute v: 0 outside groups, more than 1 where groups compute it again each.
+  int copies(ValueId v) const { return copies_[static_cast<std::size_t>(v)]; }
   const std::vector<FusionGroup>& groups() const { return groups_; }
   // As Program::last_uses, with each group's inputs used at its root and skipped values used nowhere.
   const std::vector<std::vector<ValueId>>& last_uses() const { return last_uses_; }
@@ -87,6 +89,7 @@ class FusionPlan {
   std::vector<FusionGroup> groups_;
   std::vector<int> root_of_;
   std::vector<char> skipped_;
+  std::vector<int> copies_;
   std::vector<std::vector<ValueId>> last_uses_;
 };
 
@@ -140,7 +143,7 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
                                     const std::function<bool(ValueId)>& computed, const std::vector<ValueId>& outputs,
                                     bool fuse)
     : root_of_(static_cast<std::size_t>(size), -1), skipped_(static_cast<std::size_t>(size), 0),
-      last_uses_(static_cast<std::size_t>(size)) {
+      copies_(static_cast<std::size_t>(size), 0), last_uses_(static_cast<std::size_t>(size)) {
   const auto n = static_cast<std::size_t>(size);
   std::vector<char> is_output(n, 0);
   for (auto o : outputs) is_output[static_cast<std::size_t>(o)] = 1;
@@ -227,8 +230,10 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
       // A lone op gains nothing, unless it reads a pattern or is 16-bit: the plain kernel would widen whole
       // operands to f32 copies, the group widens a tile at a time in registers.
       if (grp.steps.size() < 2 && !patterned[g] && !is_half(grp.type.dtype)) continue;
-      for (const auto& s : grp.steps)
+      for (const auto& s : grp.steps) {
+        ++copies_[static_cast<std::size_t>(s.value)];
         if (s.value != grp.root) skipped_[static_cast<std::size_t>(s.value)] = 1;
+      }
       root_of_[static_cast<std::size_t>(grp.root)] = static_cast<int>(groups_.size());
       groups_.push_back(std::move(grp));
     }

@@ -3,12 +3,13 @@
 // The budget is PARTIR_NUM_THREADS (default: the hardware threads). A single device (interpret, or one
 // device on the threads backend) gets all of it; N devices on the threads backend get budget / N each, and an
 // MPI rank gets budget / (ranks on its host): with one device per core that is one GEMM thread each, so GEMM
-// pools never fight the device threads or each other. Only the GEMMs and large fused elementwise groups use
-// more than one thread: OpenBLAS's pool is sized here (process-wide); oneDNN's OpenMP team is sized per
-// calling thread from kernel_threads() (onednn.hpp), and the groups run on that same team (fused_kernel.hpp).
-// Eigen's product and the other loops run on the calling thread.
+// pools never fight the device threads or each other. Only the GEMMs, large fused elementwise groups and converts
+// use more than one thread: OpenBLAS's pool is sized here (process-wide); oneDNN's OpenMP team is sized per
+// calling thread from kernel_threads() (onednn.hpp), and the groups and large converts run on that same team
+// (split_over_kernel_threads). Eigen's product and the other loops run on the calling thread.
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <thread>
 
@@ -63,5 +64,22 @@ class KernelThreads {
  private:
   int previous_;
 };
+
+// Elements a loop must have to be split across the kernel threads (~0.1 ms of work or more).
+inline constexpr std::int64_t kParallelElements = 1 << 18;
+
+// f(lo, hi) over [0, n): one range per kernel thread, bounds on multiples of `unit` (the last range takes the
+// rest), run by the calling thread's OpenMP team, the one oneDNN's GEMMs use (a second pool would fight its
+// spinning threads for the cores). Small loops, and builds without OpenMP, run f(0, n) here.
+template <class F>
+void split_over_kernel_threads(std::int64_t n, std::int64_t unit, F&& f) {
+  const std::int64_t units = n / unit;
+  const int parts = n < kParallelElements ? 1 : static_cast<int>(std::clamp<std::int64_t>(units, 1, kernel_threads()));
+  if (parts == 1) return f(std::int64_t{0}, n);  // no parallel region: entering one costs even with one thread
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(parts) schedule(static, 1)
+#endif
+  for (int t = 0; t < parts; ++t) f(units * t / parts * unit, t + 1 == parts ? n : units * (t + 1) / parts * unit);
+}
 
 }  // namespace partir

@@ -35,6 +35,7 @@
 #include "partir/runtime/kernels/elements.hpp"
 #include "partir/runtime/kernels/eval.hpp"
 #include "partir/runtime/kernels/gemm_engine.hpp"
+#include "partir/runtime/kernels/kernel_threads.hpp"
 #include "partir/runtime/kernels/onednn.hpp"
 #include "partir/runtime/kernels/strides.hpp"
 #include "partir/runtime/kernels/window.hpp"
@@ -606,7 +607,9 @@ PARTIR_ENTRY Array eval(const Op& op, std::span<const Array* const> operands) {
           using From = decltype(from);
           using To = decltype(to);
           if constexpr (is_half_type<From> || is_half_type<To>)
-            k::convert_elements(k::ptr<From>(x), k::ptr<To>(out), x.size());
+            split_over_kernel_threads(x.size(), 64, [&](std::int64_t lo, std::int64_t hi) {
+              k::convert_elements(k::ptr<From>(x) + lo, k::ptr<To>(out) + lo, hi - lo);
+            });
           else
             k::vec<To>(out) = k::vec<From>(x).template cast<To>();
         });
