@@ -1234,7 +1234,8 @@ TEST_CASE("fusion: large groups and converts split over the kernel threads give 
     }
     INFO(to_string(p));
     for (const auto& [name, value] : one)
-      CHECK(std::memcmp(layout::bytes(three.at(name)), layout::bytes(value), static_cast<std::size_t>(value.bytes())) == 0);
+      CHECK(std::memcmp(layout::bytes(three.at(name)), layout::bytes(value),
+                        static_cast<std::size_t>(value.bytes())) == 0);
   }
 }
 
@@ -1247,7 +1248,8 @@ TEST_CASE("fusion: the plan of an MLP train step") {
   // Bias adds read the bias as a row (/1%n), learning rates and constants as scalars (/1%1). The first bias
   // add (%6) is computed in the ReLU's group and again in the ReLU gradient's (its zeros broadcast again for
   // the backward pass, %28: remat.hpp's cheap values), so only the product %3 is stored; the output layer's
-  // bias add and difference (%14, %15) are computed in the loss's group and again in its gradient's. Every SGD update is one loop over (param, grad).
+  // bias add and difference (%14, %15) are computed in the loss's group and again in its gradient's. Every SGD
+  // update is one loop over (param, grad).
   CHECK(to_string(plan) ==
         "%9 <- add(%3,%4/1%16) max(%6,%7/1%1)\n"
         "%16 <- add(%11,%12/1%8) sub(%14,%1) mul(%15,%15)\n"

@@ -159,7 +159,8 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
       }
       for (std::size_t s = 0; s < steps; ++s) {
         args.clear();
-        for (int a : g.steps[s].args) args.push_back(a < 0 ? in[static_cast<std::size_t>(-1 - a)] : reg(static_cast<std::size_t>(a)));
+        for (int a : g.steps[s].args)
+          args.push_back(a < 0 ? in[static_cast<std::size_t>(-1 - a)] : reg(static_cast<std::size_t>(a)));
         const bool root = s + 1 == steps;
         if constexpr (half) {
           run_step<T>(g.steps[s], args, len, reg(s));

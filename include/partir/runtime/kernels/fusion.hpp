@@ -2,8 +2,8 @@
 // Elementwise fusion plan: which ops of a program run together in one blocked loop (fused_kernel.hpp)
 // instead of one pass over memory each. A group is a DAG of elementwise ops (unary, binary, compare,
 // select) of one float dtype whose inner values feed ops of the group and nothing else (a value read by
-// several of them is computed once); its root's result is the only buffer it writes. A broadcast_in_dim whose every user is in some group is never
-// materialized: the groups read its operand through an index pattern instead (a scalar, a row repeated, a
+// several of them is computed once); its root's result is the only buffer it writes. A broadcast_in_dim
+// whose every user is in some group is never materialized: the groups read its operand through an index pattern instead (a scalar, a row repeated, a
 // column stretched); nor is a convert from 16 bits to f32 (a mixed-precision gradient entering the f32
 // update): the groups widen its operand as they load it. Everything else runs op by op. Pure IR analysis:
 // the executor, the interpreter and the simulator (for memory) all read the same plan.
@@ -179,9 +179,17 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
       }
       std::ranges::sort(joined);
       joined.erase(std::unique(joined.begin(), joined.end()), joined.end());
-      groups_of[static_cast<std::size_t>(v)] = joins && joined.size() <= detail::kMaxCopies ? joined : std::vector<int>{groups++};
+      if (!joins || joined.size() > detail::kMaxCopies) joined = {groups++};
+      groups_of[static_cast<std::size_t>(v)] = std::move(joined);
     }
-    auto in_group = [&](ValueId v, int g) { return std::ranges::binary_search(groups_of[static_cast<std::size_t>(v)], g); };
+    // v's step in group g, where v is computed in g.
+    std::vector<std::vector<int>> step_of(n);  // one per group of groups_of, in the same order
+    auto step_in = [&](ValueId v, int g) -> std::optional<int> {
+      const auto& gs = groups_of[static_cast<std::size_t>(v)];
+      const auto it = std::ranges::lower_bound(gs, g);
+      if (it == gs.end() || *it != g) return std::nullopt;
+      return step_of[static_cast<std::size_t>(v)][static_cast<std::size_t>(it - gs.begin())];
+    };
     // Broadcasts and widening converts read through a pattern: every user is a member and the pattern exists.
     std::vector<std::optional<FusedInput>> pattern(n);
     for (ValueId v = 0; v < size; ++v) {
@@ -198,7 +206,6 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
     // Build the groups in program order.
     std::vector<FusionGroup> built(static_cast<std::size_t>(groups));
     std::vector<char> patterned(static_cast<std::size_t>(groups), 0);
-    std::vector<std::vector<int>> step_of(n);  // v's step in each of its groups, as groups_of
     for (ValueId v = 0; v < size; ++v) {
       const auto& in = groups_of[static_cast<std::size_t>(v)];
       for (std::size_t k = 0; k < in.size(); ++k) {
@@ -207,9 +214,8 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
         const Op& o = op(v);
         FusedStep s{v, o.kind, o.attrs.cmp, {}};
         for (auto a : o.operands) {
-          if (in_group(a, g)) {
-            const auto& ga = groups_of[static_cast<std::size_t>(a)];
-            s.args.push_back(step_of[static_cast<std::size_t>(a)][static_cast<std::size_t>(std::ranges::lower_bound(ga, g) - ga.begin())]);
+          if (const auto step = step_in(a, g)) {
+            s.args.push_back(*step);
             continue;
           }
           const auto& pat = pattern[static_cast<std::size_t>(a)];
