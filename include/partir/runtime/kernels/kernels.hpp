@@ -519,7 +519,6 @@ inline bool moves_data(OpKind kind) {
          kind == K::pad || kind == K::concatenate || kind == K::gather || kind == K::convert;
 }
 
-// A computing op with 16-bit operands or result: run in f32 on widened copies, rounded back to op's dtype.
 // An f32 result rounded into `type` (16-bit); its buffer goes back to the cache.
 inline Array narrowed(Array wide, const TensorType& type) {
   Array out = buffer_cache().take(type);
@@ -528,6 +527,7 @@ inline Array narrowed(Array wide, const TensorType& type) {
   return out;
 }
 
+// A computing op with 16-bit operands or result: run in f32 on widened copies, rounded back to op's dtype.
 inline Array eval_in_f32(const Op& op, std::span<const Array* const> operands) {
   Op wide = op;
   if (is_half(wide.type.dtype)) wide.type.dtype = DType::f32;
