@@ -4,7 +4,8 @@
 //     thread budget (PARTIR_GEMM=eigen for Eigen vs Eigen; Eigen's product is single-threaded here);
 //  2. batch parallelism (bp) on 2 devices vs 1, on the threads backend (target speedup >= 1.7x on 2 cores),
 //     with and without all_reduce buckets (25 MiB, spmd/bucket.hpp);
-//  3. under `mpirun -np 2` (MPI builds): bp on 2 ranks vs the 1-device program on rank 0 alone.
+//  3. under `mpirun -np 2` (MPI builds): bp on 2 ranks vs the 1-device program on rank 0 alone, with the same
+//     kernel threads per rank.
 // BP runs with collectives on the communication stream (default) and inline, and prints the fraction of its
 // communication time that overlapped compute, measured from the executor's timeline.
 // usage: step_time [reps]        mpirun -np 2 step_time [reps] --mpi
@@ -138,16 +139,22 @@ int main(int argc, char** argv) {
     if (session.size() != 2) p::user_error("step_time --mpi runs on 2 ranks (mpirun -np 2)");
     p::mpi::Communicator world;
     BpTimes t;
+    // The 1-rank baseline runs with a BP rank's kernel threads (the Session's share of the cores), so the
+    // speedup is what a second rank adds, not a change of thread count.
+    const int per_rank = p::kernel_threads();
     if (session.rank() == 0) {
-      p::threads::run(1, [&](p::threads::Communicator& c) { t.single_ms = spmd_step_ms(c, one, state, reps); });
+      p::threads::run(1, [&](p::threads::Communicator& c) {
+        p::KernelThreads same(per_rank);
+        t.single_ms = spmd_step_ms(c, one, state, reps);
+      });
     }
     world.barrier();
     t.inline_ms = spmd_step_ms(world, two, state, reps, /*streamed=*/false);
     t.bp_ms = spmd_step_ms(world, two, state, reps, true, &t.overlapped);
     t.bucketed_ms = spmd_step_ms(world, two_bucketed, state, reps);
     if (session.rank() == 0) {
-      std::printf("# BP over MPI: MLP train step, batch %ld, %ld-%ld-%ld, SGD, f32, median of %d\n", batch, in, hidden,
-                  in, reps);
+      std::printf("# BP over MPI: MLP train step, batch %ld, %ld-%ld-%ld, SGD, f32, median of %d, %d kernel threads per "
+                  "rank\n", batch, in, hidden, in, reps, per_rank);
       print_bp("rank", t, flops);
     }
     return 0;

@@ -247,6 +247,34 @@ TEST_CASE("lowering: collective plans of BP, MP and ZeRO on the MLP step") {
   }
 }
 
+TEST_CASE("lowering: a gradient scaled by the learning rate is reduced first; the scaling joins the update") {
+  const Program step = mlp_step(16, {8, 32, 8}, false);  // SGD: w - lr * g
+  for (const auto& [label, schedule] : std::vector<std::pair<std::string, Schedule>>{
+           {"bp", {bp("batch")}}, {"bp,z3", {bp("batch"), zero3("batch")}}}) {
+    CAPTURE(label);
+    const SpmdProgram spmd = lower(partition(step, Mesh{{"batch", 4}}, schedule));
+    int reductions = 0;
+    for (const auto& c : spmd.collectives()) {
+      const CollectiveKind k = c.collective.kind;
+      if ((k != CollectiveKind::all_reduce && k != CollectiveKind::reduce_scatter) || c.operand.rank() == 0) continue;
+      ++reductions;
+      const OpKind source = spmd.op(spmd.op(c.value).op.operands[0]).op.kind;
+      CHECK_MESSAGE((source == OpKind::dot_general || source == OpKind::reduce_sum), to_string(spmd));
+    }
+    CHECK(reductions == 4);
+    // Each update is one fused group that scales and subtracts, on the parameter's own tile under ZeRO-3.
+    const FusionPlan fusion = plan_fusion(spmd);
+    for (const auto& o : spmd.outputs()) {
+      if (o.updates.empty()) continue;
+      const FusionGroup* g = fusion.group_at(o.value);
+      REQUIRE(g);
+      CHECK(g->steps.size() == 2);
+      CHECK(g->steps.front().kind == OpKind::mul);
+    }
+    CHECK(max_error(step, spmd, 11) < 1e-5);
+  }
+}
+
 TEST_CASE("bucketing: small all_reduces fuse into buckets that never delay a value in use") {
   const Program step = mlp_step(16, {8, 32, 8, 32, 8}, true);
   const Partitioned bp_plan = partition(step, Mesh{{"batch", 4}}, {bp("batch")});

@@ -89,8 +89,8 @@ void run_collective_into(const Collective& c, const Array& in, Array& out, const
   const Group group = group_of(mesh, device, c.axes);
   const std::int64_t k = group.size();
   switch (c.kind) {
-    case CollectiveKind::all_reduce:
-      std::memcpy(layout::bytes(out), layout::bytes(in), static_cast<std::size_t>(in.bytes()));
+    case CollectiveKind::all_reduce:  // in place when the executor handed over the operand's buffer (in is out)
+      if (&in != &out) std::memcpy(layout::bytes(out), layout::bytes(in), static_cast<std::size_t>(in.bytes()));
       comm.all_reduce(group, layout::bytes(out), out.size(), out.dtype());
       return;
     case CollectiveKind::all_gather: {
@@ -284,6 +284,18 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
   std::optional<CommStream> stream;  // after what its tasks write: destroyed (joined) first; made at first use
   bool streams = false;
   if constexpr (StreamableCommunicator<C>) streams = options.async_collectives && comm.streams_collectives();
+  // An all_reduce whose operand dies there sums in the operand's buffer (a gradient straight from its GEMM): no
+  // copy, no second buffer. The husk left behind is freed as the operand, so the peak counts both, as the
+  // simulator does.
+  auto reduce_in_place = [&](const SpmdOp& s, ValueId v) -> std::optional<Array> {
+    const auto operand = static_cast<std::size_t>(s.op.operands.at(0));
+    auto& buffer = owned[operand];
+    const auto& dies = frees[static_cast<std::size_t>(v)];
+    if (s.collective->kind != CollectiveKind::all_reduce || !buffer || stream_uses[operand] > 0 ||
+        std::find(dies.begin(), dies.end(), s.op.operands[0]) == dies.end())
+      return std::nullopt;
+    return std::visit([&](auto& data) { return Array(s.op.type.shape, std::move(data)); }, buffer->storage());
+  };
   auto release = [&](ValueId dead) {
     auto& buffer = owned[static_cast<std::size_t>(dead)];
     kernels::buffer_cache().give(std::move(*buffer));  // reused by later ops and steps: no fresh pages
@@ -319,13 +331,15 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
         if constexpr (StreamableCommunicator<C>)
           if (!stream) stream.emplace([&comm](const std::string& why) { comm.abort(why); });
         const ValueId operand = s.op.operands.at(0);
-        slot = kernels::buffer_cache().take(s.op.type);
+        slot = reduce_in_place(s, v);
+        const bool in_place = slot.has_value();
+        if (!in_place) slot = kernels::buffer_cache().take(s.op.type);
         InFlight& f = in_flight.emplace_back(InFlight{v, -1, result.collective_seconds.size(), result.timeline.size()});
         result.collective_seconds.push_back(0);
         if (options.timeline) result.timeline.push_back({v, 0, 0});
         // The stream runs collectives in order, so an operand made by an earlier one is ready when this starts.
         f.ticket = stream->issue([&comm, &mesh, &where, run_start, v, record = &f, c = &*s.collective,
-                                  in = values[static_cast<std::size_t>(operand)], out = &*slot] {
+                                  in = in_place ? &*slot : values[static_cast<std::size_t>(operand)], out = &*slot] {
           const auto t0 = clock::now();
           try {
             run_collective_into(*c, *in, *out, mesh, comm);
@@ -356,7 +370,8 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
           if (s.collective && (s.collective->kind == CollectiveKind::send || s.collective->kind == CollectiveKind::recv)) {
             slot = run_transfer(*s.collective, operands.empty() ? nullptr : operands[0], s.op.type, mesh, comm);
           } else if (s.collective) {
-            slot = run_collective(*s.collective, *operands[0], s.op.type, mesh, comm);
+            if ((slot = reduce_in_place(s, v))) run_collective_into(*s.collective, *slot, *slot, mesh, comm);
+            else slot = run_collective(*s.collective, *operands[0], s.op.type, mesh, comm);
           } else if (!s.row_shard.empty()) {
             const auto rows = (s.op.kind == OpKind::gather ? operands[0]->shape() : s.op.type.shape).at(0);
             slot = row_sharded(s, operands, mesh.position(comm.device(), s.row_shard) * rows,

@@ -260,6 +260,20 @@ class Lowering {
     return out;
   }
 
+  // A partial sum scaled elementwise by a value clear of p (lr * g, a loss scale's inverse) whose uses are all
+  // elementwise and want the product whole: the sum is reduced before the scaling instead of after. The same
+  // bytes move, and the scaling joins the uses' fused group after the collective (the update's), or runs on the
+  // tiles a reduce_scatter leaves, instead of costing a pass over the whole gradient before it.
+  bool scaled_after_reduction(ValueId v, const std::string& p, const OpRule& rule,
+                              const std::vector<std::size_t>& partial_linear) const {
+    const Op& op = prog_.op(v);
+    const auto& users = users_[static_cast<std::size_t>(v)];
+    if (rule.partial != PartialRule::product || !is_elementwise(op.kind) || users.empty() ||
+        prog_.type(op.operands[partial_linear[0]]) != op.type)
+      return false;
+    return std::ranges::none_of(users, [&](ValueId u) { return !is_elementwise(prog_.op(u).kind) || planned(u).is_partial(p); });
+  }
+
   // The partial sum over p ends at elementwise op v. If an elementwise user tiles a dim on p, v is computed
   // on those tiles too: its partial operands are then reduce-scattered rather than all-reduced and sliced.
   void place_resolved(ValueId v, const std::string& p, const OpRule& rule, Sharding& got,
@@ -567,7 +581,8 @@ class Lowering {
       }
       const bool carried = others_clear && !partial_linear.empty() &&
                            ((rule.partial == PartialRule::sum && partial_linear.size() == linear_count) ||
-                            (rule.partial == PartialRule::product && partial_linear.size() == 1));
+                            (rule.partial == PartialRule::product && partial_linear.size() == 1)) &&
+                           !scaled_after_reduction(v, p, rule, partial_linear);
       if (carried) {
         for (auto i : partial_linear) operand_partial[i].push_back(p);
         got.partial.push_back(p);
