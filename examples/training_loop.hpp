@@ -203,7 +203,7 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
   // The simulator's prediction for this plan, checked against what the run measures at the end.
   const p::HardwareProfile profile = profile_for(comm, o.profile);
   p::tune_collectives(comm, profile);  // MPI: all_reduce by the algorithm this machine measured faster
-  const p::Report predicted = p::simulate(spmd, profile);
+  const p::Report predicted = p::simulate(spmd, profile, {.donate_state = true});  // as Executable::step runs it
   if (lead)
     std::cout << "predicted (profile " << profile.name << ", --profile picks another): step "
               << p::human_seconds(predicted.step_seconds) << ", peak "

@@ -449,6 +449,14 @@ TEST_CASE("catalog: a compiled step's state and batch") {
                          exe.gather_state(state);
                        }),
                        "program 'train_step' (device 0): gather_state: the state has no 'params/mlp/w2'", UserError);
+  CHECK_THROWS_WITH_AS(on_device_0([&](const auto& exe) {
+                         NamedArrays state = exe.init(0);
+                         state.erase("opt/adam/v/params/mlp/b2");
+                         exe.step(state, batch);
+                       }),
+                       "program 'train_step' (device 0): step: the state has no 'opt/adam/v/params/mlp/b2' (a failed "
+                       "step drops the state it took; init, shard_state or a checkpoint make it again)",
+                       UserError);
 }
 
 TEST_CASE("catalog: the training recipe") {

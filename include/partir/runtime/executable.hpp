@@ -86,7 +86,10 @@ class Executable {
 
   // One run of the program on this device: `batch` holds a global array for every data input, `state` this
   // device's pieces of the state inputs. Outputs that update an input replace it in `state` (the next step
-  // reads what this one wrote, without a reshard); the result holds the others as global arrays.
+  // reads what this one wrote, without a reshard); the result holds the others as global arrays. The step
+  // donates the state it replaces (ExecuteOptions::donate): each old piece is freed once read for the last time,
+  // so the old and new state are never held whole at once. A step that fails after its inputs were checked has
+  // consumed that state: it is dropped from `state`, and init(), shard_state or a checkpoint make it again.
   DeviceResult step(NamedArrays& state, const NamedArrays& batch, ExecuteOptions options = {}) const {
     for (const auto& [name, array] : batch) {
       const Binding* b = input(name);
@@ -97,6 +100,9 @@ class Executable {
     }
     NamedArrays pieces;
     for (const auto& b : spmd_.inputs()) {
+      if (holds(b) && !state.contains(b.name))
+        user_error(where() + ": step: the state has no '" + b.name +
+                   "' (a failed step drops the state it took; init, shard_state or a checkpoint make it again)");
       if (is_state(spmd_, b)) continue;
       auto it = batch.find(b.name);
       if (it == batch.end()) user_error(where() + ": the batch has no '" + b.name + "' " + to_string(b.global));
@@ -105,11 +111,13 @@ class Executable {
     for (auto& [name, p] : pieces) state.insert_or_assign(name, std::move(p));  // for execute(); out again below
     options.global_inputs = options.global_outputs = false;
     if (!options.fusion) options.fusion = &fusion_;  // planned once, not every step
+    options.donate = &state;
     DeviceResult result;
     try {
       result = execute(spmd_, *comm_, state, options);
     } catch (...) {
       drop_batch(state);
+      drop_donated(state);
       throw;
     }
     drop_batch(state);
@@ -147,6 +155,14 @@ class Executable {
   void drop_batch(NamedArrays& state) const {
     for (const auto& b : spmd_.inputs())
       if (!is_state(spmd_, b)) state.erase(b.name);
+  }
+
+  // After a failed step: the pieces it had taken (moved out, so their storage no longer fits their type).
+  static void drop_donated(NamedArrays& state) {
+    std::erase_if(state, [](const auto& entry) {
+      const Array& a = entry.second;
+      return std::visit([&](const auto& v) { return static_cast<std::int64_t>(v.size()) != a.size(); }, a.storage());
+    });
   }
 
   SpmdProgram spmd_;

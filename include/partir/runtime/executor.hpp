@@ -33,6 +33,11 @@ struct ExecuteOptions {
   // plan_fusion(p) made once for many runs (Executable keeps one); null: made per run. Pipelined programs, whose
   // stage program is cut per run, make their own.
   const FusionPlan* fusion = nullptr;
+  // Inputs the caller gives up (JAX's donate_argnums): each input that an output updates is moved out of *donate
+  // (which holds it as `inputs` does; it may be the same map) and freed after its last use, so a step never holds
+  // its old and new state at once; the output holds the new value. With global_inputs the caller's arrays stay
+  // and the device's own pieces of them are freed so. Executable::step donates its state.
+  NamedArrays* donate = nullptr;
 };
 
 // When an op ran, in seconds from the start of execute(). A fused chain is timed at its root.
@@ -255,10 +260,19 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
       user_error(where + ": input '" + b.name + "' expects " + to_string(expect) +
                  (options.global_inputs ? "" : " (local piece)") + ", got " + to_string(it->second.type()));
     if (options.check_finite) check_finite(where, b.name, it->second);
-    const auto v = static_cast<std::size_t>(b.value);
-    if (options.global_inputs) owned[v] = layout::shard(it->second, b.sharding, mesh, comm.device());
-    values[v] = options.global_inputs ? &*owned[v] : &it->second;
     resident += p.type(b.value).bytes();
+  }
+  // Every input checked before any donated one is taken: a bad input leaves the caller's arrays as they were.
+  const std::vector<bool> donated = options.donate ? updated_inputs(p) : std::vector<bool>(n, false);
+  for (const auto& b : p.inputs()) {
+    const auto v = static_cast<std::size_t>(b.value);
+    const Array& given = inputs.at(b.name);
+    if (options.global_inputs) {
+      owned[v] = layout::shard(given, b.sharding, mesh, comm.device());
+    } else if (donated[v]) {
+      if (auto d = options.donate->find(b.name); d != options.donate->end()) owned[v] = std::move(d->second);
+    }
+    values[v] = owned[v] ? &*owned[v] : &given;
   }
   std::int64_t peak = resident;
   using clock = std::chrono::steady_clock;
@@ -393,9 +407,9 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
         peak = std::max(peak, resident);
       }
       for (auto dead : frees[static_cast<std::size_t>(v)]) {
-        const bool is_input = p.op(dead).op.kind == OpKind::input && !p.op(dead).collective;
+        const bool kept = is_program_input(p.op(dead)) && !donated[static_cast<std::size_t>(dead)];
         auto& buffer = owned[static_cast<std::size_t>(dead)];
-        if (is_input || !buffer) continue;  // inputs stay resident (parameters and state live across steps)
+        if (kept || !buffer) continue;  // inputs stay resident (parameters and state live across steps) unless donated
         resident -= buffer->bytes();
         values[static_cast<std::size_t>(dead)] = nullptr;
         if (stream_uses[static_cast<std::size_t>(dead)] > 0) in_flight.back().released.push_back(dead);

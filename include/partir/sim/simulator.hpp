@@ -1,8 +1,8 @@
 #pragma once
 // simulate(spmd, profile): walks the per-device program in order, costs each local op with the roofline
 // and each collective with its ring formula (sim/cost_model.hpp), and replays buffer liveness exactly as
-// the executor accounts it: inputs resident for the whole step, an intermediate from its op to its last
-// use (an op's operands and result count together), outputs to the end.
+// the executor accounts it: inputs resident for the whole step (donated state until its last use), an
+// intermediate from its op to its last use (an op's operands and result count together), outputs to the end.
 //
 // Time runs on two streams per device, as the executor runs the program (runtime/comm_stream.hpp): local ops
 // in program order on the compute stream, each starting when its operands are ready; collectives in program
@@ -71,6 +71,9 @@ struct SimulateOptions {
   // collectives of stream_min_bytes or more and those issued while the stream is busy.
   bool overlap = async_collectives_enabled();
   std::int64_t stream_min_bytes = partir::stream_min_bytes();
+  // The step consumes the state its outputs replace (ExecuteOptions::donate, as Executable::step runs it): each
+  // such input is freed after its last use instead of held to the end.
+  bool donate_state = false;
   friend bool operator==(const SimulateOptions&, const SimulateOptions&) = default;
 };
 
@@ -81,7 +84,8 @@ PARTIR_ENTRY Report simulate(const SpmdProgram& p, const HardwareProfile& hw, co
 #if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
-inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bool overlap, std::int64_t min_bytes) {
+inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bool overlap, std::int64_t min_bytes,
+                             bool donate) {
   const Mesh& mesh = p.mesh();
   Report r;
   r.program = p.name();
@@ -98,6 +102,7 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
   // values, and a group's inputs live until its root.
   const FusionPlan fusion = plan_fusion(p);
   const auto& frees = fusion.last_uses();
+  const std::vector<bool> donated = donate ? updated_inputs(p) : std::vector<bool>(static_cast<std::size_t>(p.size()), false);
 
   // Reuse distances: the bytes this device touched so far, and when it last touched each value. A program
   // input was last touched a step ago (a step reads its parameters once): the step's whole traffic before.
@@ -197,7 +202,8 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
       }
     }
     for (auto dead : frees[static_cast<std::size_t>(v)])
-      if (!detail::is_program_input(p.op(dead))) resident[kinds[static_cast<std::size_t>(dead)]] -= p.type(dead).bytes();
+      if (!detail::is_program_input(p.op(dead)) || donated[static_cast<std::size_t>(dead)])
+        resident[kinds[static_cast<std::size_t>(dead)]] -= p.type(dead).bytes();
   }
   r.overlap = overlap;
   r.step_seconds = overlap ? std::max(compute_clock, communication_clock) : r.compute_seconds + r.communication_seconds;
@@ -207,13 +213,13 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
 
 // A pipelined step: each stage simulated alone, then replayed in the program's order on one clock per stage,
 // where a send's data arrives one link hop after the sender's clock and a recv waits until it has.
-inline Report simulate_pipeline(const SpmdProgram& p, const HardwareProfile& hw) {
+inline Report simulate_pipeline(const SpmdProgram& p, const HardwareProfile& hw, bool donate) {
   const int stages = p.pipeline()->stages;
   std::vector<Report> alone;
   std::vector<std::vector<ValueId>> ids(static_cast<std::size_t>(stages));
   std::vector<std::pair<int, const TimedOp*>> timed(static_cast<std::size_t>(p.size()), {-1, nullptr});
   for (int s = 0; s < stages; ++s) {
-    alone.push_back(simulate_stage(stage_program(p, s, &ids[static_cast<std::size_t>(s)]), hw, /*overlap=*/false, 0));
+    alone.push_back(simulate_stage(stage_program(p, s, &ids[static_cast<std::size_t>(s)]), hw, /*overlap=*/false, 0, donate));
   }
   for (int s = 0; s < stages; ++s)
     for (const auto& t : alone[static_cast<std::size_t>(s)].timeline)
@@ -281,7 +287,8 @@ inline Report simulate_pipeline(const SpmdProgram& p, const HardwareProfile& hw)
 
 PARTIR_ENTRY Report simulate(const SpmdProgram& p, const HardwareProfile& hw, const SimulateOptions& options) {
   // The executor runs a pipelined program's stages without a communication stream (ExecuteOptions).
-  return p.pipeline() ? detail::simulate_pipeline(p, hw) : detail::simulate_stage(p, hw, options.overlap, options.stream_min_bytes);
+  return p.pipeline() ? detail::simulate_pipeline(p, hw, options.donate_state)
+                      : detail::simulate_stage(p, hw, options.overlap, options.stream_min_bytes, options.donate_state);
 }
 #endif
 

@@ -263,6 +263,16 @@ inline std::ostream& operator<<(std::ostream& os, const SpmdProgram& p) {
   return os << "}\n";
 }
 
+// Per value: a program input that some output replaces next step (Binding::updates), the state a training step
+// may consume (ExecuteOptions::donate, SimulateOptions::donate_state).
+inline std::vector<bool> updated_inputs(const SpmdProgram& p) {
+  std::vector<bool> updated(static_cast<std::size_t>(p.size()), false);
+  for (const auto& o : p.outputs())
+    for (const auto& b : p.inputs())
+      if (!o.updates.empty() && b.name == o.updates) updated[static_cast<std::size_t>(b.value)] = true;
+  return updated;
+}
+
 inline std::string to_string(const SpmdProgram& p) {
   std::ostringstream os;
   os << p;

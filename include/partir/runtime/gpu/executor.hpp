@@ -328,6 +328,8 @@ inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, cons
   }
   std::int64_t peak = resident;
   const auto frees = p.last_uses();
+  // Donated state (ExecuteOptions::donate): the GPU's copy is freed after its last use; the host's stays.
+  const std::vector<bool> donated = options.donate ? updated_inputs(p) : std::vector<bool>(n, false);
   // Around the ops (inputs uploaded, outputs not yet downloaded): what the GPU computes, apart from the copies.
   cudaEvent_t ops_start = nullptr, ops_stop = nullptr;
   check_cuda(cudaEventCreate(&ops_start), "cudaEventCreate");
@@ -372,9 +374,9 @@ inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, cons
       peak = std::max(peak, resident);
     }
     for (auto dead : frees[static_cast<std::size_t>(v)]) {
-      const bool is_input = p.op(dead).op.kind == OpKind::input && !p.op(dead).collective;
+      const bool kept = partir::detail::is_program_input(p.op(dead)) && !donated[static_cast<std::size_t>(dead)];
       auto& buffer = values[static_cast<std::size_t>(dead)];
-      if (is_input || !buffer.data) continue;  // inputs stay resident, as in the CPU executor's accounting
+      if (kept || !buffer.data) continue;  // inputs stay resident, as in the CPU executor's accounting
       resident -= buffer.type.bytes();
       run.give(buffer);
     }
