@@ -1,7 +1,8 @@
 #pragma once
 // One step of a runner (interpreter or executor): computes a value from the values computed so far, as a
 // fused group when the plan roots one there, else by the op's own kernel. A reshape whose operand dies at
-// it takes the operand's buffer instead of copying it (row-major: same elements, same order).
+// it takes the operand's buffer instead of copying it (row-major: same elements, same order), and so does a
+// group from an input that dies there (fused_in_place).
 #include <algorithm>
 #include <optional>
 #include <span>
@@ -16,17 +17,31 @@ namespace partir {
 // this op is.
 inline Array run_op(const Op& op, const FusionGroup* group, std::span<const Array* const> values,
                     std::span<std::optional<Array>> owned, std::span<const ValueId> dying) {
+  auto takeable = [&](ValueId v) {
+    return owned[static_cast<std::size_t>(v)] && std::find(dying.begin(), dying.end(), v) != dying.end();
+  };
+  auto take = [&](ValueId v) {
+    return std::visit([&](auto& data) { return Array(op.type.shape, std::move(data)); }, owned[static_cast<std::size_t>(v)]->storage());
+  };
   std::vector<const Array*> operands;
   if (group) {
     for (const auto& in : group->inputs) operands.push_back(values[static_cast<std::size_t>(in.value)]);
+    // A dying input read element for element, of the result's type (Adam's m, v or a donated parameter),
+    // takes the result: each element is read before it is written, and the write finds its line in cache.
+    for (const auto& in : group->inputs) {
+      const ValueId v = in.value;
+      if (!takeable(v) || values[static_cast<std::size_t>(v)]->type() != group->type ||
+          !fused_in_place(*group, v))
+        continue;
+      Array out = take(v);
+      for (std::size_t k = 0; k < operands.size(); ++k)
+        if (group->inputs[k].value == v) operands[k] = &out;
+      eval_fused_into(*group, operands, out);
+      return out;
+    }
     return eval_fused(*group, operands);
   }
-  if (op.kind == OpKind::reshape) {
-    const ValueId from = op.operands[0];
-    auto& buffer = owned[static_cast<std::size_t>(from)];
-    if (buffer && std::find(dying.begin(), dying.end(), from) != dying.end())
-      return std::visit([&](auto& v) { return Array(op.type.shape, std::move(v)); }, buffer->storage());
-  }
+  if (op.kind == OpKind::reshape && takeable(op.operands[0])) return take(op.operands[0]);
   for (auto o : op.operands) operands.push_back(values[static_cast<std::size_t>(o)]);
   return eval(op, operands);
 }

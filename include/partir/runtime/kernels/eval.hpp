@@ -2,6 +2,7 @@
 // The kernels' entry points: one op, or one fused group, computed from its operands' values. Their
 // definitions (kernels.hpp, fused_kernel.hpp: Eigen, oneDNN, most of a translation unit's compile time)
 // follow header-only, and come from libpartir with PARTIR_SEPARATE_COMPILATION (config.hpp).
+#include <algorithm>
 #include <span>
 
 #include "partir/config.hpp"
@@ -17,6 +18,19 @@ PARTIR_ENTRY Array eval(const Op& op, std::span<const Array* const> operands);
 
 // The group's result from its inputs' values (one per FusionGroup::inputs entry, in order).
 PARTIR_ENTRY Array eval_fused(const FusionGroup& g, std::span<const Array* const> inputs);
+// The same, written into `out`, a buffer of the group's type, which may be an input v's own where
+// fused_in_place(g, v).
+PARTIR_ENTRY void eval_fused_into(const FusionGroup& g, std::span<const Array* const> inputs, Array& out);
+
+// Whether the group may write its result over input v: every read of v is element for element (each element
+// read before it is written), and the result is whole blocks of the kernel's widest (16 elements), since a
+// short last tile is recomputed over the end of the one before it, which would read results as inputs.
+inline bool fused_in_place(const FusionGroup& g, ValueId v) {
+  constexpr std::int64_t widest_block = 16;
+  const std::int64_t n = g.type.elements();
+  return n >= widest_block && n % widest_block == 0 &&
+         std::ranges::all_of(g.inputs, [&](const FusedInput& in) { return in.value != v || in.mod == 0; });
+}
 
 }  // namespace partir
 

@@ -191,8 +191,7 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
 
 }  // namespace kernels
 
-PARTIR_ENTRY Array eval_fused(const FusionGroup& g, std::span<const Array* const> inputs) {
-  Array out = kernels::buffer_cache().take(g.type);
+PARTIR_ENTRY void eval_fused_into(const FusionGroup& g, std::span<const Array* const> inputs, Array& out) {
   switch (g.type.dtype) {
     case DType::bf16: kernels::run_group<bf16>(g, inputs, out); break;
     case DType::f16: kernels::run_group<f16>(g, inputs, out); break;
@@ -200,6 +199,11 @@ PARTIR_ENTRY Array eval_fused(const FusionGroup& g, std::span<const Array* const
       kernels::visit_float_dtype(g.type.dtype, g.steps.back().kind,
                                  [&](auto t) { kernels::run_group<decltype(t)>(g, inputs, out); });
   }
+}
+
+PARTIR_ENTRY Array eval_fused(const FusionGroup& g, std::span<const Array* const> inputs) {
+  Array out = kernels::buffer_cache().take(g.type);
+  eval_fused_into(g, inputs, out);
   return out;
 }
 
