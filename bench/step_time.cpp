@@ -153,8 +153,8 @@ int main(int argc, char** argv) {
     t.bp_ms = spmd_step_ms(world, two, state, reps, true, &t.overlapped);
     t.bucketed_ms = spmd_step_ms(world, two_bucketed, state, reps);
     if (session.rank() == 0) {
-      std::printf("# BP over MPI: MLP train step, batch %ld, %ld-%ld-%ld, SGD, f32, median of %d, %d kernel threads per "
-                  "rank\n", batch, in, hidden, in, reps, per_rank);
+      std::printf("# BP over MPI: MLP train step, batch %ld, %ld-%ld-%ld, SGD, f32, median of %d, %d kernel "
+                  "threads per rank\n", batch, in, hidden, in, reps, per_rank);
       print_bp("rank", t, flops);
     }
     return 0;

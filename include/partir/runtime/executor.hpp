@@ -308,7 +308,7 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
     if (s.collective->kind != CollectiveKind::all_reduce || !buffer || stream_uses[operand] > 0 ||
         std::find(dies.begin(), dies.end(), s.op.operands[0]) == dies.end())
       return std::nullopt;
-    return std::visit([&](auto& data) { return Array(s.op.type.shape, std::move(data)); }, buffer->storage());
+    return take_storage(*buffer, s.op.type.shape);
   };
   auto release = [&](ValueId dead) {
     auto& buffer = owned[static_cast<std::size_t>(dead)];
@@ -409,7 +409,7 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
       for (auto dead : frees[static_cast<std::size_t>(v)]) {
         const bool kept = is_program_input(p.op(dead)) && !donated[static_cast<std::size_t>(dead)];
         auto& buffer = owned[static_cast<std::size_t>(dead)];
-        if (kept || !buffer) continue;  // inputs stay resident (parameters and state live across steps) unless donated
+        if (kept || !buffer) continue;  // inputs stay resident (parameters, state) unless donated
         resident -= buffer->bytes();
         values[static_cast<std::size_t>(dead)] = nullptr;
         if (stream_uses[static_cast<std::size_t>(dead)] > 0) in_flight.back().released.push_back(dead);

@@ -12,6 +12,11 @@
 
 namespace partir {
 
+// `from`'s storage as an array of `shape` (the same element count), leaving `from` an empty husk.
+inline Array take_storage(Array& from, const Shape& shape) {
+  return std::visit([&](auto& data) { return Array(shape, std::move(data)); }, from.storage());
+}
+
 // values[v]: v's array while it is live; owned[v]: the runner's own buffers (a reshape may move one out:
 // the runner then frees an empty husk, which the buffer cache ignores); dying: the values whose last use
 // this op is.
@@ -20,9 +25,7 @@ inline Array run_op(const Op& op, const FusionGroup* group, std::span<const Arra
   auto takeable = [&](ValueId v) {
     return owned[static_cast<std::size_t>(v)] && std::find(dying.begin(), dying.end(), v) != dying.end();
   };
-  auto take = [&](ValueId v) {
-    return std::visit([&](auto& data) { return Array(op.type.shape, std::move(data)); }, owned[static_cast<std::size_t>(v)]->storage());
-  };
+  auto take = [&](ValueId v) { return take_storage(*owned[static_cast<std::size_t>(v)], op.type.shape); };
   std::vector<const Array*> operands;
   if (group) {
     for (const auto& in : group->inputs) operands.push_back(values[static_cast<std::size_t>(in.value)]);

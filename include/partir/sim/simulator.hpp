@@ -102,7 +102,8 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
   // values, and a group's inputs live until its root.
   const FusionPlan fusion = plan_fusion(p);
   const auto& frees = fusion.last_uses();
-  const std::vector<bool> donated = donate ? updated_inputs(p) : std::vector<bool>(static_cast<std::size_t>(p.size()), false);
+  const std::vector<bool> donated =
+      donate ? updated_inputs(p) : std::vector<bool>(static_cast<std::size_t>(p.size()), false);
 
   // Reuse distances: the bytes this device touched so far, and when it last touched each value. A program
   // input was last touched a step ago (a step reads its parameters once): the step's whole traffic before.
@@ -219,7 +220,8 @@ inline Report simulate_pipeline(const SpmdProgram& p, const HardwareProfile& hw,
   std::vector<std::vector<ValueId>> ids(static_cast<std::size_t>(stages));
   std::vector<std::pair<int, const TimedOp*>> timed(static_cast<std::size_t>(p.size()), {-1, nullptr});
   for (int s = 0; s < stages; ++s) {
-    alone.push_back(simulate_stage(stage_program(p, s, &ids[static_cast<std::size_t>(s)]), hw, /*overlap=*/false, 0, donate));
+    alone.push_back(
+        simulate_stage(stage_program(p, s, &ids[static_cast<std::size_t>(s)]), hw, /*overlap=*/false, 0, donate));
   }
   for (int s = 0; s < stages; ++s)
     for (const auto& t : alone[static_cast<std::size_t>(s)].timeline)

@@ -271,7 +271,9 @@ class Lowering {
     if (rule.partial != PartialRule::product || !is_elementwise(op.kind) || users.empty() ||
         prog_.type(op.operands[partial_linear[0]]) != op.type)
       return false;
-    return std::ranges::none_of(users, [&](ValueId u) { return !is_elementwise(prog_.op(u).kind) || planned(u).is_partial(p); });
+    return std::ranges::all_of(users, [&](ValueId u) {
+      return is_elementwise(prog_.op(u).kind) && !planned(u).is_partial(p);
+    });
   }
 
   // The partial sum over p ends at elementwise op v. If an elementwise user tiles a dim on p, v is computed
