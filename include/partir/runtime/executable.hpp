@@ -157,12 +157,9 @@ class Executable {
       if (!is_state(spmd_, b)) state.erase(b.name);
   }
 
-  // After a failed step: the pieces it had taken (moved out, so their storage no longer fits their type).
+  // After a failed step: the pieces it had taken (husks, their storage moved into the executor).
   static void drop_donated(NamedArrays& state) {
-    std::erase_if(state, [](const auto& entry) {
-      const Array& a = entry.second;
-      return std::visit([&](const auto& v) { return static_cast<std::int64_t>(v.size()) != a.size(); }, a.storage());
-    });
+    std::erase_if(state, [](const auto& entry) { return entry.second.is_husk(); });
   }
 
   SpmdProgram spmd_;

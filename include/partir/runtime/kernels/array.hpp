@@ -58,6 +58,10 @@ class Array {
   std::span<const T> data() const { return std::get<std::vector<T>>(data_); }
   const Storage& storage() const { return data_; }
   Storage& storage() { return data_; }
+  // Its storage was moved on (a buffer another array took over): it holds fewer elements than its type says.
+  bool is_husk() const {
+    return std::visit([&](const auto& v) { return static_cast<std::int64_t>(v.size()) != size(); }, data_);
+  }
 
   // Element i (row-major) as double, and set from double (a 16-bit float rounds from x as an f32): for tests,
   // printing and initialization.

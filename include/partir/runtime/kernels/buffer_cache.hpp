@@ -26,8 +26,7 @@ class BufferCache {
   }
   void give(Array&& array) {
     if (array.bytes() < min_bytes) return;  // small blocks: malloc recycles them well
-    const auto held = std::visit([](const auto& v) { return static_cast<std::int64_t>(v.size()); }, array.storage());
-    if (held != array.size()) return;  // a husk whose buffer moved on (a reshape took it)
+    if (array.is_husk()) return;  // its buffer moved on (a reshape, a group or an all_reduce took it)
     bytes_ += array.bytes();
     free_.emplace(std::pair{array.dtype(), array.size()}, Entry{std::move(array.storage()), run_});
   }
