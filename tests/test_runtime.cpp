@@ -1157,7 +1157,7 @@ Program rounded_where_stored(const Program& p, const FusionPlan& plan) {
 // and round what they store (fused_kernel.hpp): bitwise what the ops give in f32, rounded at the same places.
 TEST_CASE("fusion: fused groups give bitwise the unfused results, at every size") {
   Rng rng(22);
-  int fused_groups = 0, skipped_broadcasts = 0, skipped_converts = 0;
+  int fused_groups = 0, skipped_broadcasts = 0, skipped_converts = 0, side_outputs = 0;
   for (int trial = 0; trial < 60; ++trial) {
     const std::int64_t rows = rand_int(rng, 1, 9);
     const std::int64_t cols = trial % 3 == 0 ? rand_int(rng, 1, 7) : rand_int(rng, 1, 300);  // under a block .. tiles
@@ -1166,6 +1166,7 @@ TEST_CASE("fusion: fused groups give bitwise the unfused results, at every size"
       const Program p = random_elementwise(rng, s, dt);
       const FusionPlan plan = plan_fusion(p);
       fused_groups += static_cast<int>(plan.groups().size());
+      for (const auto& g : plan.groups()) side_outputs += static_cast<int>(g.side_outputs.size());
       for (ValueId v = 0; v < p.size(); ++v) {
         skipped_broadcasts += plan.skipped(v) && p.op(v).kind == OpKind::broadcast_in_dim;
         skipped_converts += plan.skipped(v) && p.op(v).kind == OpKind::convert;
@@ -1197,6 +1198,8 @@ TEST_CASE("fusion: fused groups give bitwise the unfused results, at every size"
     }
   }
   CHECK(fused_groups > 100);
+  CHECK(side_outputs > 10);  // outputs read again by later groups: stored by them (multi-output fusion)
+  MESSAGE("side outputs: ", side_outputs);
   CHECK(skipped_broadcasts > 20);
   CHECK(skipped_converts > 5);  // widening ones only: a narrowing convert rounds, its result is materialized
 }
@@ -1264,6 +1267,73 @@ TEST_CASE("fusion: the plan of an MLP train step") {
   CHECK(plan.copies(6) == 2);
   CHECK(plan.copies(9) == 1);
   CHECK(plan.copies(3) == 0);
+}
+
+TEST_CASE("fusion: a group reading what an earlier group stores computes it and stores it itself") {
+  // Adam: the parameter update reads the new m and v (outputs), so its group computes them and stores them too.
+  nn::Mlp model{"params/mlp", {8, 16, 8}};
+  const Program step = train_step([&](Tensor x, Tensor y) { return mse(model(x), y); }, Adam{0.01},
+                                  {{"x", {4, 8}}, {"y", {4, 8}}});
+  const FusionPlan plan = plan_fusion(step);
+  INFO(to_string(plan));
+  int updates = 0;
+  for (const auto& g : plan.groups()) {
+    if (g.side_outputs.empty()) continue;
+    ++updates;
+    CHECK(g.side_outputs.size() == 2);
+    for (int k : g.side_outputs) {
+      const ValueId side = g.steps[static_cast<std::size_t>(k)].value;
+      CHECK(plan.made_at(side) == g.root);
+      CHECK(!plan.runs_at(side));
+      CHECK(!plan.skipped(side));  // it has a buffer, written at the root
+      CHECK(std::ranges::find(plan.last_uses()[static_cast<std::size_t>(g.root)], side) ==
+            plan.last_uses()[static_cast<std::size_t>(g.root)].end());  // an output: lives to the end
+    }
+  }
+  CHECK(updates == 4);  // two weights, two biases
+  const NamedArrays in = init_inputs(step, 5, true);
+  const NamedArrays fused = interpret(step, in);
+  set_fusion(false);
+  const NamedArrays plain = interpret(step, in);
+  set_fusion(true);
+  for (const auto& [name, value] : plain) CHECK_MESSAGE(fused.at(name) == value, name);  // bitwise
+
+  // Producer a = exp(x' * y') (an output, from two reshapes), consumer c = tanh(a + z).
+  auto program = [](bool y_read_later, bool a_read_between) {
+    Program p("merge");
+    const Shape s{64};
+    Attrs flat;
+    flat.shape = s;
+    const ValueId x = p.add(OpKind::reshape, {p.add_input("x", {{8, 8}})}, flat);
+    const ValueId y = p.add(OpKind::reshape, {p.add_input("y", {{8, 8}})}, flat);
+    const ValueId a = p.add(OpKind::exp, {p.add(OpKind::mul, {x, y})});
+    if (a_read_between) p.add_output("sum", p.add(OpKind::reduce_sum, {a}, [] { Attrs r; r.dims = {0}; return r; }()));
+    const ValueId c = p.add(OpKind::tanh, {p.add(OpKind::add, {a, p.add_input("z", {s})})});
+    p.add_output("a", a);
+    p.add_output("c", c);
+    if (y_read_later) p.add_output("y_flat", p.add(OpKind::neg, {y}));
+    return p;
+  };
+  auto stores = [](const Program& p) {
+    const FusionPlan fp = plan_fusion(p);
+    int n = 0;
+    for (const auto& g : fp.groups()) n += static_cast<int>(g.side_outputs.size());
+    return n;
+  };
+  // Merged, a's two inputs would live on to c's group while a itself is no longer held in between: merged only
+  // when what lives longer (x' and y' if both die at a) weighs no more than a.
+  CHECK(stores(program(true, false)) == 1);
+  CHECK(stores(program(false, false)) == 0);
+  CHECK(stores(program(true, true)) == 0);  // the reduce_sum reads a before c's group runs
+  const Program p = program(true, false);
+  Rng rng(31);
+  const NamedArrays xyz{{"x", random_array(rng, {{8, 8}})}, {"y", random_array(rng, {{8, 8}})},
+                        {"z", random_array(rng, {{64}})}};
+  const NamedArrays merged = interpret(p, xyz);
+  set_fusion(false);
+  const NamedArrays alone = interpret(p, xyz);
+  set_fusion(true);
+  for (const auto& [name, value] : alone) CHECK_MESSAGE(merged.at(name) == value, name);
 }
 
 TEST_CASE("interpret: a reshape of a dying intermediate takes its buffer, values intact") {

@@ -368,7 +368,7 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
         values[static_cast<std::size_t>(v)] = &*slot;
         resident += slot->bytes();
         peak = std::max(peak, resident);
-      } else if (!fusion.skipped(v)) {
+      } else if (fusion.runs_at(v)) {
         if (stream) {  // wait for the collectives whose results this op reads (a fused chain: any of its inputs)
           std::int64_t needed = -1;
           auto need = [&](ValueId o) { needed = std::max(needed, ticket_of[static_cast<std::size_t>(o)]); };
@@ -403,7 +403,7 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
         if (s.collective) result.collective_seconds.push_back(took);
         if (options.timeline) result.timeline.push_back({v, seconds(t0 - run_start).count(), took});
         values[static_cast<std::size_t>(v)] = &*slot;
-        resident += slot->bytes();
+        resident += slot->bytes() + bind_side_outputs(fusion.group_at(v), values, owned);
         peak = std::max(peak, resident);
       }
       for (auto dead : frees[static_cast<std::size_t>(v)]) {

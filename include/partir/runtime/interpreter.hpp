@@ -49,14 +49,14 @@ NamedArrays interpret(const Program& p, const Inputs& inputs, RunStats* stats = 
     const Op& op = p.op(v);
     if (op.kind == OpKind::input) {
       values[v] = &inputs.find(op.name)->second;
-    } else if (!fusion.skipped(v)) {
+    } else if (fusion.runs_at(v)) {
       try {
         owned[v] = run_op(op, fusion.group_at(v), values, owned, frees[v]);
       } catch (const UserError& e) {
         user_error(where + ": " + p.label(v) + ": " + e.what());
       }
       values[v] = &*owned[v];
-      resident += owned[v]->bytes();
+      resident += owned[v]->bytes() + bind_side_outputs(fusion.group_at(v), values, owned);
       peak = std::max(peak, resident);
     }
     for (auto dead : frees[v]) {

@@ -109,7 +109,7 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
   // input was last touched a step ago (a step reads its parameters once): the step's whole traffic before.
   double touched = 0, step_traffic = 0;
   for (ValueId v = 0; v < p.size(); ++v)
-    if (!detail::is_program_input(p.op(v)) && !fusion.skipped(v)) {
+    if (!detail::is_program_input(p.op(v)) && fusion.runs_at(v)) {
       step_traffic += static_cast<double>(p.type(v).bytes());
       for (auto o : p.op(v).op.operands) step_traffic += static_cast<double>(p.type(o).bytes());
     }
@@ -148,7 +148,7 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
         // A fused elementwise chain is one pass over memory: its inner ops only compute (no dispatch, no
         // buffer), its root reads the group's inputs once and writes its result.
         if (const FusionGroup* g = fusion.group_at(v)) {
-          w.bytes = static_cast<double>(s.op.type.bytes());
+          w.bytes = static_cast<double>(s.op.type.bytes() * static_cast<std::int64_t>(1 + g->side_outputs.size()));
           for (const auto& in : g->inputs) {
             w.bytes += static_cast<double>(p.type(in.value).bytes());
             w.reuse = std::max(w.reuse, touched - last_touch[static_cast<std::size_t>(in.value)]);
@@ -156,7 +156,7 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
         } else {
           for (auto o : s.op.operands) w.reuse = std::max(w.reuse, touched - last_touch[static_cast<std::size_t>(o)]);
         }
-        if (fusion.skipped(v)) {  // computed in registers by each group that reads it
+        if (!fusion.runs_at(v)) {  // computed in registers by each group that reads it (or stores it)
           w.flops *= fusion.copies(v);
           t.bytes = 0;
           t.seconds = w.flops / hw.flops_per_second(s.op.kind, s.op.type.dtype);
@@ -186,16 +186,22 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
         if (t.communication) communication_clock = compute_clock;
       }
       ready[static_cast<std::size_t>(v)] = t.start + t.seconds;
-      if (!fusion.skipped(v)) {
+      if (fusion.runs_at(v)) {
         touched += t.bytes;
         for (auto o : s.op.operands) last_touch[static_cast<std::size_t>(o)] = touched;
-        if (const FusionGroup* g = fusion.group_at(v))
-          for (const auto& in : g->inputs) last_touch[static_cast<std::size_t>(in.value)] = touched;
         last_touch[static_cast<std::size_t>(v)] = touched;
+        resident[kinds[static_cast<std::size_t>(v)]] += s.op.type.bytes();
+        if (const FusionGroup* g = fusion.group_at(v)) {
+          for (const auto& in : g->inputs) last_touch[static_cast<std::size_t>(in.value)] = touched;
+          for (int k : g->side_outputs) {
+            const ValueId side = g->steps[static_cast<std::size_t>(k)].value;
+            last_touch[static_cast<std::size_t>(side)] = touched;
+            resident[kinds[static_cast<std::size_t>(side)]] += p.type(side).bytes();
+          }
+        }
       }
       r.timeline.push_back(std::move(t));
 
-      if (!fusion.skipped(v)) resident[kinds[static_cast<std::size_t>(v)]] += s.op.type.bytes();
       if (resident.total() > r.peak_bytes) {
         r.peak_bytes = resident.total();
         r.peak = resident;

@@ -16,11 +16,13 @@ namespace partir {
 // Float to i32 conversion truncates toward zero.
 PARTIR_ENTRY Array eval(const Op& op, std::span<const Array* const> operands);
 
-// The group's result from its inputs' values (one per FusionGroup::inputs entry, in order).
+// The result of a group without side outputs from its inputs' values (one per FusionGroup::inputs entry, in
+// order).
 PARTIR_ENTRY Array eval_fused(const FusionGroup& g, std::span<const Array* const> inputs);
-// The same, written into `out`, a buffer of the group's type, which may be an input v's own where
-// fused_in_place(g, v).
-PARTIR_ENTRY void eval_fused_into(const FusionGroup& g, std::span<const Array* const> inputs, Array& out);
+// The group's result written into `out`, a buffer of the group's type, and each side output into its buffer
+// (in FusionGroup::side_outputs order); any of them may be an input v's own where fused_in_place(g, v).
+PARTIR_ENTRY void eval_fused_into(const FusionGroup& g, std::span<const Array* const> inputs, Array& out,
+                                  std::span<Array* const> side_outputs);
 
 // Whether the group may write its result over input v: every read of v is element for element (each element
 // read before it is written), and the result is whole blocks of the kernel's widest (16 elements), since a

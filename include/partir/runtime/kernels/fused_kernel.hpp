@@ -97,8 +97,11 @@ void run_step(const FusedStep& s, std::span<const T* const> a, std::int64_t len,
 // steps between keep f32's precision (XLA's allow_excess_precision, Inductor's upcast; PyTorch's own fused
 // GELU and layer norm kernels do the same). Rounding every step as the unfused ops do cost half of a large
 // group's time.
+// Side outputs (fusion.hpp) stay in their registers to the end of each tile and are stored from there, after
+// every read of the tile's inputs (a side output may take an input's buffer). A 16-bit group rounds them in the
+// register too, so the steps that read them see what is stored, as they did when another group stored it.
 template <class S>
-void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array& out) {
+void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array& out, std::span<Array* const> sides) {
   constexpr bool half = is_half_type<S>;
   using T = std::conditional_t<half, float, S>;
   constexpr std::int64_t b = block_size<T>, tile = 32 * b;  // 2 KiB per register
@@ -114,6 +117,7 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
     for (int a : g.steps[s].args)
       if (a >= 0) last_read[static_cast<std::size_t>(a)] = s;
   }
+  for (int k : g.side_outputs) last_read[static_cast<std::size_t>(k)] = steps;  // read by the store
   std::size_t slots = 0;
   for (std::size_t s = 0; s < steps; ++s) {
     if (free_slots.empty()) slot[s] = slots++;
@@ -164,6 +168,8 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
         const bool root = s + 1 == steps;
         if constexpr (half) {
           run_step<T>(g.steps[s], args, len, reg(s));
+          if (std::ranges::binary_search(g.side_outputs, static_cast<int>(s)))
+            for (T* r = reg(s), *end = r + len; r != end; ++r) *r = static_cast<T>(S(*r));
           if (root) {
             const T* r = reg(s);
             S* o = ptr<S>(out) + (padded ? 0 : i0);
@@ -175,6 +181,11 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
       }
       if constexpr (!half)
         if (padded) std::copy_n(reg(steps - 1), n, ptr<T>(out));
+      for (std::size_t k = 0; k < sides.size(); ++k) {
+        const T* r = reg(static_cast<std::size_t>(g.side_outputs[k]));
+        S* o = ptr<S>(*sides[k]) + (padded ? 0 : i0);
+        for (std::int64_t j = 0, m = padded ? n : len; j < m; ++j) o[j] = S(r[j]);
+      }
     };
     if (padded) return run_tile(0, b);
     for (std::int64_t i0 = lo; i0 < hi; i0 += width) {
@@ -191,19 +202,23 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
 
 }  // namespace kernels
 
-PARTIR_ENTRY void eval_fused_into(const FusionGroup& g, std::span<const Array* const> inputs, Array& out) {
+PARTIR_ENTRY void eval_fused_into(const FusionGroup& g, std::span<const Array* const> inputs, Array& out,
+                                  std::span<Array* const> side_outputs) {
+  if (side_outputs.size() != g.side_outputs.size())
+    internal_error("fused kernel: " + std::to_string(side_outputs.size()) + " buffers for " +
+                   std::to_string(g.side_outputs.size()) + " side outputs");
   switch (g.type.dtype) {
-    case DType::bf16: kernels::run_group<bf16>(g, inputs, out); break;
-    case DType::f16: kernels::run_group<f16>(g, inputs, out); break;
+    case DType::bf16: kernels::run_group<bf16>(g, inputs, out, side_outputs); break;
+    case DType::f16: kernels::run_group<f16>(g, inputs, out, side_outputs); break;
     default:
       kernels::visit_float_dtype(g.type.dtype, g.steps.back().kind,
-                                 [&](auto t) { kernels::run_group<decltype(t)>(g, inputs, out); });
+                                 [&](auto t) { kernels::run_group<decltype(t)>(g, inputs, out, side_outputs); });
   }
 }
 
 PARTIR_ENTRY Array eval_fused(const FusionGroup& g, std::span<const Array* const> inputs) {
   Array out = kernels::buffer_cache().take(g.type);
-  eval_fused_into(g, inputs, out);
+  eval_fused_into(g, inputs, out, {});
   return out;
 }
 

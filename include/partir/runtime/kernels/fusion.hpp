@@ -5,7 +5,9 @@
 // several of them is computed once); its root's result is the only buffer it writes. A broadcast_in_dim
 // whose every user is in some group is never materialized: the groups read its operand through an index pattern instead (a scalar, a row repeated, a
 // column stretched); nor is a convert from 16 bits to f32 (a mixed-precision gradient entering the f32
-// update): the groups widen its operand as they load it. Everything else runs op by op. Pure IR analysis:
+// update): the groups widen its operand as they load it. A group that reads what an earlier group stores
+// computes that group's steps itself and stores those values as side outputs (multi-output fusion, below).
+// Everything else runs op by op. Pure IR analysis:
 // the executor, the interpreter and the simulator (for memory) all read the same plan.
 //
 // Fused results are bitwise equal to unfused ones: each op still computes every element with the same
@@ -59,10 +61,11 @@ struct FusedStep {
 };
 
 struct FusionGroup {
-  ValueId root = -1;            // the last step; the group's only result
-  TensorType type;              // of the root
+  ValueId root = -1;             // the last step: the group runs where the program computes it
+  TensorType type;               // of the root
   std::vector<FusedInput> inputs;
-  std::vector<FusedStep> steps;  // in program order
+  std::vector<FusedStep> steps;  // each after the steps it reads
+  std::vector<int> side_outputs;  // steps before the root whose values the group stores too, ascending
 };
 
 class FusionPlan {
@@ -74,6 +77,10 @@ class FusionPlan {
   }
   // v is computed inside a group (or read through a pattern) and never gets a buffer of its own.
   bool skipped(ValueId v) const { return skipped_[static_cast<std::size_t>(v)] != 0; }
+  // Where v's buffer is written: v itself, or the root of the group that stores v as a side output.
+  ValueId made_at(ValueId v) const { return made_at_[static_cast<std::size_t>(v)]; }
+  // Something runs at v: its own op, or the group rooted there.
+  bool runs_at(ValueId v) const { return !skipped(v) && made_at(v) == v; }
   // How many groups compute v: 0 outside groups, more than 1 where groups compute it again each.
   int copies(ValueId v) const { return copies_[static_cast<std::size_t>(v)]; }
   const std::vector<FusionGroup>& groups() const { return groups_; }
@@ -86,14 +93,19 @@ class FusionPlan {
              const std::function<bool(ValueId)>& computed, const std::vector<ValueId>& outputs, bool fuse);
 
  private:
+  void merge_stored_reads(std::int64_t size, const std::function<const Op&(ValueId)>& op,
+                          const std::vector<ValueId>& outputs);
+
   std::vector<FusionGroup> groups_;
   std::vector<int> root_of_;
   std::vector<char> skipped_;
+  std::vector<ValueId> made_at_;
   std::vector<int> copies_;
   std::vector<std::vector<ValueId>> last_uses_;
 };
 
-// One line per group: "%root = kind(args) ..." with inputs as %value, a broadcast pattern as %value/div%mod.
+// One line per group: "%root <- kind(args) ..." with inputs as %value, a broadcast pattern as %value/div%mod,
+// then "stores %v ..." for its side outputs.
 PARTIR_ENTRY std::string to_string(const FusionPlan& plan);
 
 // The plan for a whole program on one device.
@@ -143,8 +155,9 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
                                     const std::function<bool(ValueId)>& computed, const std::vector<ValueId>& outputs,
                                     bool fuse)
     : root_of_(static_cast<std::size_t>(size), -1), skipped_(static_cast<std::size_t>(size), 0),
-      copies_(static_cast<std::size_t>(size), 0), last_uses_(static_cast<std::size_t>(size)) {
+      made_at_(static_cast<std::size_t>(size)), copies_(static_cast<std::size_t>(size), 0), last_uses_(static_cast<std::size_t>(size)) {
   const auto n = static_cast<std::size_t>(size);
+  for (ValueId v = 0; v < size; ++v) made_at_[static_cast<std::size_t>(v)] = v;
   std::vector<char> is_output(n, 0);
   for (auto o : outputs) is_output[static_cast<std::size_t>(o)] = 1;
   std::vector<std::vector<ValueId>> users(n);  // distinct consumers, ascending
@@ -252,12 +265,14 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
         all_fused &= skipped_[static_cast<std::size_t>(u)] || root_of_[static_cast<std::size_t>(u)] >= 0;
       if (all_fused) skipped_[static_cast<std::size_t>(v)] = 1;
     }
+    merge_stored_reads(size, op, outputs);
   }
 
-  // Liveness as run: a group root uses its inputs, a skipped value uses nothing, anything else its operands.
+  // Liveness as run: a group root uses its inputs, a skipped value or a side output uses nothing, anything else
+  // its operands. A side output lives from its group's root.
   std::vector<ValueId> last(n, -1);
   for (ValueId v = 0; v < size; ++v) {
-    if (skipped(v)) continue;
+    if (!runs_at(v)) continue;
     if (const FusionGroup* g = group_at(v))
       for (const auto& in : g->inputs) last[static_cast<std::size_t>(in.value)] = v;
     else
@@ -267,9 +282,124 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
   for (ValueId v = 0; v < size; ++v) {
     auto& l = last[static_cast<std::size_t>(v)];
     if (skipped(v)) continue;
-    if (l < 0) l = v;
+    l = std::max(l, made_at(v));
     if (l < size) last_uses_[static_cast<std::size_t>(l)].push_back(v);
   }
+}
+
+// Multi-output fusion (XLA's producer-consumer kind): a group C that reads what an earlier group P stores, element
+// for element, computes P's steps first and stores P's values itself, when every other reader of them runs after
+// C: one pass over memory instead of two, and those values never read back (Adam's m and v, read by its
+// parameter update). It must not raise the peak: P's inputs now live until C, so those that died at P may not
+// outweigh P's stored values, which C no longer holds in between. The nearest producer is taken first: its values
+// then no longer sit between C and the next one.
+PARTIR_ENTRY void FusionPlan::merge_stored_reads(std::int64_t size, const std::function<const Op&(ValueId)>& op,
+                                                 const std::vector<ValueId>& outputs) {
+  const auto n = static_cast<std::size_t>(size);
+  auto at = [](auto& vec, ValueId v) -> auto& { return vec[static_cast<std::size_t>(v)]; };
+  // Where each value is read as the plan runs (ascending; `size`: a program output), and which group stores it.
+  std::vector<std::vector<ValueId>> readers(n);
+  auto reads = [&](ValueId reader, ValueId v) {
+    auto& r = at(readers, v);
+    if (std::ranges::find(r, reader) == r.end()) r.insert(std::ranges::upper_bound(r, reader), reader);
+  };
+  std::vector<int> stored_by(n, -1);
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    for (const auto& in : groups_[g].inputs) reads(groups_[g].root, in.value);
+    at(stored_by, groups_[g].root) = static_cast<int>(g);
+  }
+  for (ValueId v = 0; v < size; ++v)
+    if (!skipped(v) && !group_at(v))
+      for (auto o : op(v).operands) reads(v, o);
+  for (auto o : outputs) reads(static_cast<ValueId>(size), o);
+
+  auto stored = [](const FusionGroup& g) {
+    std::vector<ValueId> s{g.root};
+    for (int k : g.side_outputs) s.push_back(g.steps[static_cast<std::size_t>(k)].value);
+    return s;
+  };
+  auto bytes = [&](ValueId v) { return op(v).type.bytes(); };
+  auto mergeable = [&](const FusionGroup& p, const FusionGroup& c) {
+    if (p.type.dtype != c.type.dtype || p.type.elements() != c.type.elements()) return false;
+    std::int64_t kept = 0, extended = 0;
+    for (ValueId x : stored(p)) {
+      kept += bytes(x);
+      for (const auto& in : c.inputs)
+        if (in.value == x && in.mod != 0) return false;
+      for (ValueId r : at(readers, x))
+        if (r != c.root && r < c.root) return false;
+    }
+    std::vector<ValueId> seen;
+    for (const auto& in : p.inputs) {
+      const Op& o = op(in.value);
+      const bool program_input = o.kind == OpKind::input && o.operands.empty();
+      if (program_input || std::ranges::find(seen, in.value) != seen.end()) continue;
+      seen.push_back(in.value);
+      if (at(readers, in.value).back() == p.root) extended += bytes(in.value);
+    }
+    return extended <= kept;
+  };
+  // c computes p's steps first; c's reads of p's values become reads of those steps.
+  auto merge = [&](FusionGroup& p, FusionGroup& c) {
+    const auto p_values = stored(p);
+    const int shift = static_cast<int>(p.steps.size());
+    std::vector<int> arg_of_input;  // c's input k -> its argument in the merged group
+    for (const auto& in : c.inputs) {
+      if (std::ranges::find(p_values, in.value) != p_values.end()) {
+        const auto step = std::ranges::find_if(p.steps, [&](const FusedStep& s) { return s.value == in.value; });
+        arg_of_input.push_back(static_cast<int>(step - p.steps.begin()));
+        continue;
+      }
+      auto it = std::ranges::find(p.inputs, in);
+      if (it == p.inputs.end()) it = p.inputs.insert(p.inputs.end(), in);
+      arg_of_input.push_back(-1 - static_cast<int>(it - p.inputs.begin()));
+    }
+    for (auto& s : c.steps)
+      for (int& a : s.args) a = a < 0 ? arg_of_input[static_cast<std::size_t>(-1 - a)] : a + shift;
+    p.side_outputs.push_back(shift - 1);
+    for (int k : c.side_outputs) p.side_outputs.push_back(k + shift);
+    p.steps.insert(p.steps.end(), std::make_move_iterator(c.steps.begin()), std::make_move_iterator(c.steps.end()));
+    c.steps = std::move(p.steps);
+    c.inputs = std::move(p.inputs);
+    c.side_outputs = std::move(p.side_outputs);
+    p.steps.clear();
+  };
+
+  std::vector<char> merged(groups_.size(), 0);
+  for (std::size_t c = 0; c < groups_.size(); ++c) {
+    FusionGroup& into = groups_[c];
+    while (true) {
+      int nearest = -1;  // the producer with the latest root among those c reads
+      for (const auto& in : into.inputs) {
+        const int g = at(stored_by, in.value);
+        if (g >= 0 && g != static_cast<int>(c) && !merged[static_cast<std::size_t>(g)] &&
+            (nearest < 0 || groups_[static_cast<std::size_t>(g)].root > groups_[static_cast<std::size_t>(nearest)].root) &&
+            mergeable(groups_[static_cast<std::size_t>(g)], into))
+          nearest = g;
+      }
+      if (nearest < 0) break;
+      FusionGroup& from = groups_[static_cast<std::size_t>(nearest)];
+      for (ValueId x : stored(from)) {
+        at(made_at_, x) = into.root;
+        at(stored_by, x) = static_cast<int>(c);
+        std::erase(at(readers, x), into.root);
+      }
+      for (const auto& in : from.inputs) {
+        std::erase(at(readers, in.value), from.root);
+        reads(into.root, in.value);
+      }
+      at(root_of_, from.root) = -1;
+      merge(from, into);
+      merged[static_cast<std::size_t>(nearest)] = 1;
+    }
+  }
+  std::vector<FusionGroup> kept;
+  for (std::size_t g = 0; g < groups_.size(); ++g)
+    if (!merged[g]) {
+      at(root_of_, groups_[g].root) = static_cast<int>(kept.size());
+      kept.push_back(std::move(groups_[g]));
+    }
+  groups_ = std::move(kept);
 }
 
 PARTIR_ENTRY std::string to_string(const FusionPlan& plan) {
@@ -291,6 +421,8 @@ PARTIR_ENTRY std::string to_string(const FusionPlan& plan) {
       }
       s += ")";
     }
+    if (!g.side_outputs.empty()) s += " stores";
+    for (int k : g.side_outputs) s += " %" + std::to_string(g.steps[static_cast<std::size_t>(k)].value);
     s += "\n";
   }
   return s;
