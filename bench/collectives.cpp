@@ -134,10 +134,12 @@ Call partir_call(C& comm) {
       case CollectiveKind::all_gather: comm.all_gather(g, in, out, count, p::DType::f32); break;
       case CollectiveKind::reduce_scatter: comm.reduce_scatter(g, in, out, count, p::DType::f32); break;
       case CollectiveKind::all_to_all: comm.all_to_all(g, in, out, count, p::DType::f32); break;
-      case CollectiveKind::send: {
-        const int pos = g.index_of(comm.device()), n = g.size();
-        comm.send(g.devices[static_cast<std::size_t>((pos + 1) % n)], in, count, p::DType::f32, 0);
+      case CollectiveKind::send: {  // as the executor runs a stage's transfers: in place where the backend can
+        const int pos = g.index_of(comm.device()), n = g.size(), next = g.devices[static_cast<std::size_t>((pos + 1) % n)];
+        if constexpr (p::SendsInPlace<C>) comm.send_in_place(next, in, count, p::DType::f32, 0);
+        else comm.send(next, in, count, p::DType::f32, 0);
         comm.recv(g.devices[static_cast<std::size_t>((pos + n - 1) % n)], out, count, p::DType::f32, 0);
+        if constexpr (p::SendsInPlace<C>) comm.finish_sends();
         break;
       }
       case CollectiveKind::collective_permute: {

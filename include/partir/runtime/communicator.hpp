@@ -44,6 +44,15 @@ concept Communicator = requires(C c, const Group& g, const void* in, void* out, 
   c.barrier();
 };
 
+// A backend that can send from the caller's buffer without copying it (MPI): the caller keeps `data` unchanged
+// until finish_sends(), which waits until every such send has been received. A copied send costs a pass over
+// memory as long as the transfer itself (sendrecv at 0.3-0.5x of MPI_Sendrecv's busbw here).
+template <class C>
+concept SendsInPlace = requires(C& c, const void* in, std::int64_t n, DType t, int peer, std::int64_t tag) {
+  c.send_in_place(peer, in, n, t, tag);
+  c.finish_sends();
+};
+
 // A backend with two all_reduce algorithms, the library's and partir's ring (MPI), chosen by buffer size:
 // from ring_all_reduce_from(group size) bytes up the ring runs. Calibration times both and records where the
 // ring takes over (HardwareProfile::ring_all_reduce_from); tune_collectives sets it from a profile.

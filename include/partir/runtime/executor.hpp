@@ -140,13 +140,15 @@ Array run_collective(const Collective& c, const Array& in, const TensorType& res
 }
 
 // A pipeline transfer: a send hands this device's operand to the device at stage `peer` (the same position on
-// every other axis) and holds nothing; a recv makes the value it receives.
+// every other axis) and holds nothing; a recv makes the value it receives. Where the backend sends in place, the
+// caller keeps the operand unchanged until comm.finish_sends().
 template <Communicator C>
 Array run_transfer(const Collective& c, const Array* in, const TensorType& result, const Mesh& mesh, C& comm) {
   const Group stages = group_of(mesh, comm.device(), c.axes);
   const int peer = stages.devices.at(static_cast<std::size_t>(c.peer));
   if (c.kind == CollectiveKind::send) {
-    comm.send(peer, layout::bytes(*in), in->size(), in->dtype(), c.tag);
+    if constexpr (SendsInPlace<C>) comm.send_in_place(peer, layout::bytes(*in), in->size(), in->dtype(), c.tag);
+    else comm.send(peer, layout::bytes(*in), in->size(), in->dtype(), c.tag);
     return Array(result);  // an empty shape: what the sender keeps
   }
   Array out = kernels::buffer_cache().take(result);
@@ -298,6 +300,13 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
   std::optional<CommStream> stream;  // after what its tasks write: destroyed (joined) first; made at first use
   bool streams = false;
   if constexpr (StreamableCommunicator<C>) streams = options.async_collectives && comm.streams_collectives();
+  // Values sent in place: their buffers are neither reused nor freed before the sends are done, at the end.
+  std::vector<char> sent_in_place(n, 0);
+  std::vector<ValueId> freed_after_sends;
+  auto pinned = [&](ValueId v) {
+    return stream_uses[static_cast<std::size_t>(v)] > 0 || sent_in_place[static_cast<std::size_t>(v)] != 0;
+  };
+
   // An all_reduce whose operand dies there sums in the operand's buffer (a gradient straight from its GEMM): no
   // copy, no second buffer. The husk left behind is freed as the operand, so the peak counts both, as the
   // simulator does.
@@ -305,7 +314,7 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
     const auto operand = static_cast<std::size_t>(s.op.operands.at(0));
     auto& buffer = owned[operand];
     const auto& dies = frees[static_cast<std::size_t>(v)];
-    if (s.collective->kind != CollectiveKind::all_reduce || !buffer || stream_uses[operand] > 0 ||
+    if (s.collective->kind != CollectiveKind::all_reduce || !buffer || pinned(s.op.operands[0]) ||
         std::find(dies.begin(), dies.end(), s.op.operands[0]) == dies.end())
       return std::nullopt;
     return take_storage(*buffer, s.op.type.shape);
@@ -383,6 +392,8 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
         try {
           if (s.collective && (s.collective->kind == CollectiveKind::send || s.collective->kind == CollectiveKind::recv)) {
             slot = run_transfer(*s.collective, operands.empty() ? nullptr : operands[0], s.op.type, mesh, comm);
+            if constexpr (SendsInPlace<C>)
+              if (s.collective->kind == CollectiveKind::send) sent_in_place[static_cast<std::size_t>(s.op.operands.at(0))] = 1;
           } else if (s.collective) {
             if ((slot = reduce_in_place(s, v))) run_collective_into(*s.collective, *slot, *slot, mesh, comm);
             else slot = run_collective(*s.collective, *operands[0], s.op.type, mesh, comm);
@@ -391,9 +402,9 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
             slot = row_sharded(s, operands, mesh.position(comm.device(), s.row_shard) * rows,
                                rows * tile_count(s.row_shard, mesh));
           } else {
-            // A reshape takes a dying operand's buffer, unless the stream still reads it.
+            // A reshape takes a dying operand's buffer, unless the stream or a send still reads it.
             dying = frees[static_cast<std::size_t>(v)];
-            std::erase_if(dying, [&](ValueId d) { return stream_uses[static_cast<std::size_t>(d)] > 0; });
+            std::erase_if(dying, pinned);
             slot = run_op(s.op, fusion.group_at(v), values, owned, dying);
           }
         } catch (const UserError& e) {
@@ -413,11 +424,14 @@ DeviceResult execute_stage(const SpmdProgram& p, C& comm, const NamedArrays& inp
         resident -= buffer->bytes();
         values[static_cast<std::size_t>(dead)] = nullptr;
         if (stream_uses[static_cast<std::size_t>(dead)] > 0) in_flight.back().released.push_back(dead);
+        else if (sent_in_place[static_cast<std::size_t>(dead)]) freed_after_sends.push_back(dead);
         else release(dead);
       }
       if (stream) retire(-1);
     }
     if (stream && !in_flight.empty()) retire(in_flight.back().ticket);
+    if constexpr (SendsInPlace<C>) comm.finish_sends();
+    for (auto v : freed_after_sends) release(v);
   } catch (const std::exception& e) {
     if (stream) stream->abandon(e.what());
     throw;

@@ -208,6 +208,12 @@ class Communicator {
     s.data.assign(static_cast<const std::byte*>(data), static_cast<const std::byte*>(data) + bytes);
     check(MPI_Isend(s.data.data(), count(n), datatype(t), peer, wire_tag(tag), MPI_COMM_WORLD, &s.request), "MPI_Isend");
   }
+  void send_in_place(int peer, const void* data, std::int64_t n, DType t, std::int64_t tag) {
+    complete_sends(false);
+    auto& s = sends_.emplace_back();
+    check(MPI_Isend(data, count(n), datatype(t), peer, wire_tag(tag), MPI_COMM_WORLD, &s.request), "MPI_Isend");
+  }
+  void finish_sends() { complete_sends(true); }
   void recv(int peer, void* data, std::int64_t n, DType t, std::int64_t tag) {
     check(MPI_Recv(data, count(n), datatype(t), peer, wire_tag(tag), MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
   }
