@@ -320,7 +320,7 @@ PARTIR_ENTRY void FusionPlan::merge_stored_reads(std::int64_t size, const std::f
   };
   auto bytes = [&](ValueId v) { return op(v).type.bytes(); };
   auto mergeable = [&](const FusionGroup& p, const FusionGroup& c) {
-    if (p.type.dtype != c.type.dtype || p.type.elements() != c.type.elements()) return false;
+    if (p.type != c.type) return false;
     std::int64_t kept = 0, extended = 0;
     for (ValueId x : stored(p)) {
       kept += bytes(x);
