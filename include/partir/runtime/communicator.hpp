@@ -46,7 +46,8 @@ concept Communicator = requires(C c, const Group& g, const void* in, void* out, 
 
 // A backend that can send from the caller's buffer without copying it (MPI): the caller keeps `data` unchanged
 // until finish_sends(), which waits until every such send has been received. A copied send costs a pass over
-// memory as long as the transfer itself (sendrecv at 0.3-0.5x of MPI_Sendrecv's busbw here).
+// memory as long as the transfer itself (sendrecv at 0.3-0.5x of MPI_Sendrecv's busbw here). A run that fails
+// midway cannot wait for its peers: its pending sends are left to the job's end, which the failure brings.
 template <class C>
 concept SendsInPlace = requires(C& c, const void* in, std::int64_t n, DType t, int peer, std::int64_t tag) {
   c.send_in_place(peer, in, n, t, tag);
