@@ -7,7 +7,10 @@
 // --profile calibrate (the default) measures this machine first with the same devices (sim/calibrate.hpp).
 // Measured time: the slowest device's execute() per step, the best of --reps steps (calibration also keeps
 // its best rounds: on a shared machine other work only ever adds time); measured memory: the executor's peak
-// (each device is given only its own piece of every input).
+// (each device is given only its own piece of every input). Steps run as a training loop runs them
+// (Executable::step): each donates the state its outputs replace and takes the new state for the next, and
+// the simulator predicts that (SimulateOptions::donate_state). Kept inputs would make every update write fresh
+// buffers, whose first touch (page faults, ~3x the update's own time here) no profile models.
 // --trace-dir: per configuration, the simulated timeline (<N>-<strategy>.sim.json) and each device's measured
 // one (<N>-<strategy>.measured.<device>.json) as Chrome trace JSON, to open side by side in ui.perfetto.dev.
 #include <partir/partir.hpp>
@@ -113,13 +116,19 @@ Measured measure(C& comm, const p::SpmdProgram& spmd, const p::NamedArrays& glob
   p::NamedArrays local;
   for (const auto& b : spmd.inputs())
     local[b.name] = p::layout::shard(global.at(b.name), b.sharding, spmd.mesh(), comm.device());
-  const p::ExecuteOptions pieces{.global_inputs = false, .global_outputs = false, .timeline = true};
-  const std::int64_t peak = p::execute(spmd, comm, local, pieces).peak_bytes;  // also the warm-up
+  const p::ExecuteOptions pieces{.global_inputs = false, .global_outputs = false, .timeline = true, .donate = &local};
+  auto step = [&] {
+    p::DeviceResult result = p::execute(spmd, comm, local, pieces);
+    for (const auto& o : spmd.outputs())
+      if (!o.updates.empty()) local[o.updates] = std::move(result.outputs.at(o.name));
+    return result;
+  };
+  const std::int64_t peak = step().peak_bytes;  // also the warm-up
   Measured best{std::numeric_limits<double>::infinity(), 0, 0, {}};
   for (int r = 0; r < reps; ++r) {
     comm.barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    const auto result = p::execute(spmd, comm, local, pieces);
+    const auto result = step();
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double in_collectives = 0;
     for (double c : result.collective_seconds) in_collectives += c;
@@ -152,7 +161,7 @@ void run_device_count(C& comm, const Options& o, const p::Program& step, const p
       p::json::write_file(trace + ".measured." + std::to_string(comm.device()) + ".json",
                           p::chrome_trace(p::trace_events(spmd, m.timeline, comm.device()), "measured " + spmd.name()));
     if (comm.device() != 0) continue;
-    results.push_back({n, s.name, s.mesh.to_string(), p::simulate(spmd, hw), m});
+    results.push_back({n, s.name, s.mesh.to_string(), p::simulate(spmd, hw, {.donate_state = true}), m});
     if (!o.trace_dir.empty())
       p::json::write_file(trace + ".sim.json",
                           p::chrome_trace(results.back().predicted, n));
