@@ -146,7 +146,7 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
         Work w = s.collective ? Work{0, static_cast<double>(operand_types.at(0).bytes() + s.op.type.bytes())}
                               : local_work(s.op, operand_types);
         // A fused elementwise chain is one pass over memory: its inner ops only compute (no dispatch, no
-        // buffer), its root reads the group's inputs once and writes its result.
+        // buffer), its root reads the group's inputs once and writes its result and side outputs.
         if (const FusionGroup* g = fusion.group_at(v)) {
           w.bytes = static_cast<double>(s.op.type.bytes() * static_cast<std::int64_t>(1 + g->side_outputs.size()));
           for (const auto& in : g->inputs) {
