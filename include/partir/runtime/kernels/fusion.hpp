@@ -327,7 +327,7 @@ PARTIR_ENTRY void FusionPlan::merge_stored_reads(std::int64_t size, const std::f
       for (const auto& in : c.inputs)
         if (in.value == x && in.mod != 0) return false;
       for (ValueId r : at(readers, x))
-        if (r != c.root && r < c.root) return false;
+        if (r < c.root) return false;
     }
     std::vector<ValueId> seen;
     for (const auto& in : p.inputs) {
@@ -362,7 +362,6 @@ PARTIR_ENTRY void FusionPlan::merge_stored_reads(std::int64_t size, const std::f
     c.steps = std::move(p.steps);
     c.inputs = std::move(p.inputs);
     c.side_outputs = std::move(p.side_outputs);
-    p.steps.clear();
   };
 
   std::vector<char> merged(groups_.size(), 0);
