@@ -254,6 +254,21 @@ TEST_CASE("runtime: 16-bit conversions round to nearest even, overflow to inf, k
   }
   CHECK(f16_wrong == 0);
   CHECK(bf16_wrong == 0);
+  // Bulk conversions (kernels::convert_elements: sixteen at a time where the CPU has AVX-512) give the scalar
+  // bits for every bf16 value widened and for the sweep of f32 patterns narrowed, NaNs included.
+  std::vector<bf16> every(0x10000);
+  for (std::uint32_t h = 0; h < 0x10000; ++h) every[h] = bf16::from_bits(static_cast<std::uint16_t>(h));
+  std::vector<float> wide(every.size());
+  kernels::convert_elements(every.data(), wide.data(), static_cast<std::int64_t>(every.size()));
+  std::vector<float> sweep;
+  for (std::uint64_t u = 0; u <= 0xffffffffu; u += 4093) sweep.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(u)));
+  std::vector<bf16> narrow(sweep.size() - 3);  // a length that leaves a scalar tail
+  kernels::convert_elements(sweep.data(), narrow.data(), static_cast<std::int64_t>(narrow.size()));
+  long bulk_wrong = 0;
+  for (std::size_t h = 0; h < every.size(); ++h)
+    bulk_wrong += std::bit_cast<std::uint32_t>(wide[h]) != std::bit_cast<std::uint32_t>(static_cast<float>(every[h]));
+  for (std::size_t i = 0; i < narrow.size(); ++i) bulk_wrong += narrow[i] != bf16(sweep[i]);
+  CHECK(bulk_wrong == 0);
   // The cases by name.
   CHECK(bf16(1.0f + 0x1p-8f).bits == bf16(1.0f).bits);                 // a tie goes to the even neighbour...
   CHECK(bf16(1.0f + 3 * 0x1p-8f) == bf16(1.0f + 0x1p-6f));             // ...upwards too

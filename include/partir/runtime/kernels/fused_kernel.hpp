@@ -18,9 +18,7 @@ namespace kernels {
 // widened from 16 bits where S is a 16-bit type.
 template <class S, class T>
 void load_pattern(const FusedInput& in, const S* x, std::int64_t i0, std::int64_t len, T* buf) {
-  auto copy = [](const S* from, std::int64_t n, T* to) {
-    for (std::int64_t k = 0; k < n; ++k) to[k] = static_cast<T>(from[k]);
-  };
+  auto copy = [](const S* from, std::int64_t n, T* to) { convert_elements(from, to, n); };
   if (in.mod == 0) {
     copy(x + i0, len, buf);
   } else if (in.mod == 1) {
@@ -170,22 +168,16 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
           run_step<T>(g.steps[s], args, len, reg(s));
           if (std::ranges::binary_search(g.side_outputs, static_cast<int>(s)))
             for (T* r = reg(s), *end = r + len; r != end; ++r) *r = static_cast<T>(S(*r));
-          if (root) {
-            const T* r = reg(s);
-            S* o = ptr<S>(out) + (padded ? 0 : i0);
-            for (std::int64_t j = 0, m = padded ? n : len; j < m; ++j) o[j] = S(r[j]);
-          }
+          if (root) convert_elements(reg(s), ptr<S>(out) + (padded ? 0 : i0), padded ? n : len);
         } else {
           run_step<T>(g.steps[s], args, len, root && !padded ? ptr<T>(out) + i0 : reg(s));
         }
       }
       if constexpr (!half)
         if (padded) std::copy_n(reg(steps - 1), n, ptr<T>(out));
-      for (std::size_t k = 0; k < sides.size(); ++k) {
-        const T* r = reg(static_cast<std::size_t>(g.side_outputs[k]));
-        S* o = ptr<S>(*sides[k]) + (padded ? 0 : i0);
-        for (std::int64_t j = 0, m = padded ? n : len; j < m; ++j) o[j] = S(r[j]);
-      }
+      for (std::size_t k = 0; k < sides.size(); ++k)
+        convert_elements(reg(static_cast<std::size_t>(g.side_outputs[k])), ptr<S>(*sides[k]) + (padded ? 0 : i0),
+                         padded ? n : len);
     };
     if (padded) return run_tile(0, b);
     for (std::int64_t i0 = lo; i0 < hi; i0 += width) {
