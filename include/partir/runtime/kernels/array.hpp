@@ -2,6 +2,7 @@
 // Array: a dense, row-major, host-resident tensor value (what programs consume and produce at run time).
 #include <cstring>
 #include <map>
+#include <new>
 #include <span>
 #include <string>
 #include <variant>
@@ -13,29 +14,46 @@
 
 namespace partir {
 
+// Element storage that starts on a cache line: a kernel's 64-byte vector loads and stores then never straddle
+// two lines (glibc's malloc aligns to 16 bytes, which made every AVX-512 access of a large array a split one).
+template <class T>
+struct CacheLineAllocator {
+  using value_type = T;
+  static constexpr std::align_val_t line{64};
+  CacheLineAllocator() = default;
+  template <class U>
+  CacheLineAllocator(const CacheLineAllocator<U>&) {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), line)); }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, line); }
+  friend bool operator==(CacheLineAllocator, CacheLineAllocator) { return true; }
+};
+template <class T>
+using Elements = std::vector<T, CacheLineAllocator<T>>;
+
 class Array {
  public:
-  using Storage = std::variant<std::vector<float>, std::vector<double>, std::vector<std::int32_t>, std::vector<bf16>,
-                               std::vector<f16>>;
+  using Storage = std::variant<Elements<float>, Elements<double>, Elements<std::int32_t>, Elements<bf16>, Elements<f16>>;
 
   Array() : Array(TensorType{{}, DType::f32}) {}
   explicit Array(TensorType type) : type_(std::move(type)) {
     for (auto d : type_.shape)
       if (d < 0) user_error("Array: negative dimension in shape " + to_string(type_.shape));
     switch (type_.dtype) {
-      case DType::f32: data_ = std::vector<float>(static_cast<std::size_t>(type_.elements())); break;
-      case DType::f64: data_ = std::vector<double>(static_cast<std::size_t>(type_.elements())); break;
-      case DType::i32: data_ = std::vector<std::int32_t>(static_cast<std::size_t>(type_.elements())); break;
-      case DType::bf16: data_ = std::vector<bf16>(static_cast<std::size_t>(type_.elements())); break;
-      case DType::f16: data_ = std::vector<f16>(static_cast<std::size_t>(type_.elements())); break;
+      case DType::f32: data_ = Elements<float>(static_cast<std::size_t>(type_.elements())); break;
+      case DType::f64: data_ = Elements<double>(static_cast<std::size_t>(type_.elements())); break;
+      case DType::i32: data_ = Elements<std::int32_t>(static_cast<std::size_t>(type_.elements())); break;
+      case DType::bf16: data_ = Elements<bf16>(static_cast<std::size_t>(type_.elements())); break;
+      case DType::f16: data_ = Elements<f16>(static_cast<std::size_t>(type_.elements())); break;
     }
   }
   template <class T>
-  Array(Shape shape, std::vector<T> values) : type_{std::move(shape), dtype_of<T>()}, data_(std::move(values)) {
-    if (static_cast<std::int64_t>(std::get<std::vector<T>>(data_).size()) != type_.elements())
-      user_error("Array: " + std::to_string(std::get<std::vector<T>>(data_).size()) + " values for shape " +
+  Array(Shape shape, Elements<T> values) : type_{std::move(shape), dtype_of<T>()}, data_(std::move(values)) {
+    if (static_cast<std::int64_t>(std::get<Elements<T>>(data_).size()) != type_.elements())
+      user_error("Array: " + std::to_string(std::get<Elements<T>>(data_).size()) + " values for shape " +
                  to_string(type_.shape));
   }
+  template <class T>
+  Array(Shape shape, const std::vector<T>& values) : Array(std::move(shape), Elements<T>(values.begin(), values.end())) {}
 
   template <class T>
   static constexpr DType dtype_of() {
@@ -53,9 +71,9 @@ class Array {
   std::int64_t bytes() const { return type_.bytes(); }
 
   template <class T>
-  std::span<T> data() { return std::get<std::vector<T>>(data_); }
+  std::span<T> data() { return std::get<Elements<T>>(data_); }
   template <class T>
-  std::span<const T> data() const { return std::get<std::vector<T>>(data_); }
+  std::span<const T> data() const { return std::get<Elements<T>>(data_); }
   const Storage& storage() const { return data_; }
   Storage& storage() { return data_; }
   // Its storage was moved on (a buffer another array took over): it holds fewer elements than its type says.
