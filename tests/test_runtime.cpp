@@ -1172,7 +1172,7 @@ Program rounded_where_stored(const Program& p, const FusionPlan& plan) {
 // and round what they store (fused_kernel.hpp): bitwise what the ops give in f32, rounded at the same places.
 TEST_CASE("fusion: fused groups give bitwise the unfused results, at every size") {
   Rng rng(22);
-  int fused_groups = 0, skipped_broadcasts = 0, skipped_converts = 0, side_outputs = 0;
+  int fused_groups = 0, skipped_broadcasts = 0, skipped_converts = 0, side_outputs = 0, narrowing_groups = 0;
   for (int trial = 0; trial < 60; ++trial) {
     const std::int64_t rows = rand_int(rng, 1, 9);
     const std::int64_t cols = trial % 3 == 0 ? rand_int(rng, 1, 7) : rand_int(rng, 1, 300);  // under a block .. tiles
@@ -1181,7 +1181,10 @@ TEST_CASE("fusion: fused groups give bitwise the unfused results, at every size"
       const Program p = random_elementwise(rng, s, dt);
       const FusionPlan plan = plan_fusion(p);
       fused_groups += static_cast<int>(plan.groups().size());
-      for (const auto& g : plan.groups()) side_outputs += static_cast<int>(g.side_outputs.size());
+      for (const auto& g : plan.groups()) {
+        side_outputs += static_cast<int>(g.side_outputs.size());
+        narrowing_groups += g.steps.back().kind == OpKind::convert;
+      }
       for (ValueId v = 0; v < p.size(); ++v) {
         skipped_broadcasts += plan.skipped(v) && p.op(v).kind == OpKind::broadcast_in_dim;
         skipped_converts += plan.skipped(v) && p.op(v).kind == OpKind::convert;
@@ -1217,6 +1220,8 @@ TEST_CASE("fusion: fused groups give bitwise the unfused results, at every size"
   MESSAGE("side outputs: ", side_outputs);
   CHECK(skipped_broadcasts > 20);
   CHECK(skipped_converts > 5);  // widening ones only: a narrowing convert rounds, its result is materialized
+  CHECK(narrowing_groups > 10);  // f32 steps stored narrowed by the convert that ends their group
+  MESSAGE("groups ending in a narrowing convert: ", narrowing_groups);
 }
 
 TEST_CASE("fusion: large groups and converts split over the kernel threads give what one thread gives") {
@@ -1282,6 +1287,36 @@ TEST_CASE("fusion: the plan of an MLP train step") {
   CHECK(plan.copies(6) == 2);
   CHECK(plan.copies(9) == 1);
   CHECK(plan.copies(3) == 0);
+}
+
+TEST_CASE("fusion: a convert from f32 to 16 bits ends the group of the f32 steps before it") {
+  // A bf16 softmax runs in f32 (the f32 list) and hands back bf16: the division and the narrowing are one
+  // pass, which reads the exponentials and the sums in f32 and stores only the bf16 result.
+  Rng rng(31);
+  for (DType dt : {DType::bf16, DType::f16})
+    for (const Shape& s : {Shape{3, 5}, Shape{4, 40}, Shape{2, 700}}) {
+      const Program p = trace("softmax", [](Tensor x) { return softmax(x); }, {{"x", s, dt}});
+      const FusionPlan plan = plan_fusion(p);
+      INFO(to_string(p));
+      INFO(to_string(plan));
+      const FusionGroup* narrowing = plan.group_at(p.outputs().at(0).value);
+      REQUIRE(narrowing != nullptr);
+      CHECK(narrowing->type == TensorType{s, dt});
+      CHECK(narrowing->steps.size() == 2);
+      CHECK(narrowing->steps.front().kind == OpKind::div);
+      CHECK(narrowing->steps.back().kind == OpKind::convert);
+      CHECK(plan.skipped(narrowing->steps.front().value));  // the f32 quotient is never stored
+      const NamedArrays in{{"x", random_array(rng, {s, dt}, -3, 3)}};
+      const NamedArrays fused = interpret(p, in);
+      set_fusion(false);
+      const NamedArrays plain = interpret(p, in);
+      set_fusion(true);
+      CHECK(std::memcmp(layout::bytes(fused.at("out")), layout::bytes(plain.at("out")),
+                        static_cast<std::size_t>(plain.at("out").bytes())) == 0);
+    }
+  // A lone narrowing convert (a parameter's 16-bit copy) is convert's own kernel, not a group.
+  const Program cast = trace("cast", [](Tensor x) { return convert(x, DType::bf16); }, {{"x", {4, 64}}});
+  CHECK(plan_fusion(cast).groups().empty());
 }
 
 TEST_CASE("fusion: a group reading what an earlier group stores computes it and stores it itself") {

@@ -67,6 +67,7 @@ void run_step(const FusedStep& s, std::span<const T* const> a, std::int64_t len,
     case OpKind::rsqrt: each([](const auto& x) { return x.rsqrt(); }); break;
     case OpKind::sqrt: each([](const auto& x) { return x.sqrt(); }); break;
     case OpKind::abs: each([](const auto& x) { return x.abs(); }); break;
+    case OpKind::convert: each([](const auto& x) { return x; }); break;  // f32 to 16 bits: rounded where stored
     case OpKind::add: each([](const auto& x, const auto& y) { return x + y; }); break;
     case OpKind::sub: each([](const auto& x, const auto& y) { return x - y; }); break;
     case OpKind::mul: each([](const auto& x, const auto& y) { return x * y; }); break;
@@ -129,25 +130,28 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
   // Elements [lo, hi) (hi - lo >= one block), tile by tile, with buffers of its own.
   auto run_range = [&](std::int64_t lo, std::int64_t hi) {
     // Registers and load buffers on cache lines, as Arrays are (array.hpp): in cache, a step is ~20% faster so.
-    const std::size_t w = static_cast<std::size_t>(width), line = 64 / sizeof(T);
-    std::vector<T> space((slots + ins) * w + line);
-    T* const regs = space.data() + (line - reinterpret_cast<std::uintptr_t>(space.data()) / sizeof(T) % line) % line;
-    auto reg = [&](std::size_t s) { return regs + slot[s] * w; };
-    auto buf = [&](std::size_t i) { return regs + (slots + i) * w; };
+    const std::size_t w = static_cast<std::size_t>(width);
+    Elements<T> space((slots + ins) * w);
+    auto reg = [&](std::size_t s) { return space.data() + slot[s] * w; };
+    auto buf = [&](std::size_t i) { return space.data() + (slots + i) * w; };
     std::vector<const T*> in(ins), args;
-    // Input k's elements from i0 into its buffer, widened from 16 bits (the group's own type, or the operand
-    // of a widening convert into an f32 group).
+    // Input k's elements from i0 into its buffer, widened from 16 bits: the group's own type, the operand of a
+    // widening convert into an f32 group, or the 16-bit steps feeding an f32 one... and an f32 input of a group
+    // that narrows its f32 steps at the store (fusion.hpp) is read as it is.
     auto load = [&](std::size_t k, const FusedInput& fi, std::int64_t i0, std::int64_t len) {
-      if constexpr (std::is_same_v<S, float>) {
-        if (inputs[k]->dtype() == DType::bf16) return load_pattern(fi, ptr<bf16>(*inputs[k]), i0, len, buf(k));
-        if (inputs[k]->dtype() == DType::f16) return load_pattern(fi, ptr<f16>(*inputs[k]), i0, len, buf(k));
+      if constexpr (std::is_same_v<T, float>) {
+        switch (inputs[k]->dtype()) {
+          case DType::bf16: return load_pattern(fi, ptr<bf16>(*inputs[k]), i0, len, buf(k));
+          case DType::f16: return load_pattern(fi, ptr<f16>(*inputs[k]), i0, len, buf(k));
+          default: return load_pattern(fi, ptr<float>(*inputs[k]), i0, len, buf(k));
+        }
       }
       load_pattern(fi, ptr<S>(*inputs[k]), i0, len, buf(k));
     };
     auto run_tile = [&](std::int64_t i0, std::int64_t len) {
       for (std::size_t k = 0; k < ins; ++k) {
         const FusedInput& fi = g.inputs[k];
-        const bool widens = half || is_half(inputs[k]->dtype());
+        const bool widens = inputs[k]->dtype() != Array::dtype_of<T>();
         if (padded) {
           load(k, fi.mod ? fi : FusedInput{fi.value, 1, n}, 0, n);
           std::fill(buf(k) + n, buf(k) + b, buf(k)[0]);
@@ -156,7 +160,7 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
           load(k, fi, i0, len);
           in[k] = buf(k);
         } else if (fi.mod == 0) {
-          if constexpr (!half) in[k] = ptr<S>(*inputs[k]) + i0;
+          in[k] = ptr<T>(*inputs[k]) + i0;
         } else if (fi.mod != 1 || i0 == lo) {  // a scalar is loaded once
           load(k, fi, i0, len);
           in[k] = buf(k);

@@ -5,7 +5,8 @@
 // several of them is computed once); its root's result is the only buffer it writes. A broadcast_in_dim
 // whose every user is in some group is never materialized: the groups read its operand through an index pattern instead (a scalar, a row repeated, a
 // column stretched); nor is a convert from 16 bits to f32 (a mixed-precision gradient entering the f32
-// update): the groups widen its operand as they load it. A group that reads what an earlier group stores
+// update): the groups widen its operand as they load it. A convert from f32 to 16 bits ends a group of f32
+// steps, which stores its result narrowed (the f32 list's results returning to the compute dtype). A group that reads what an earlier group stores
 // computes that group's steps itself and stores those values as side outputs (multi-output fusion, below).
 // Everything else runs op by op. Pure IR analysis:
 // the executor, the interpreter and the simulator (for memory) all read the same plan.
@@ -148,6 +149,10 @@ inline std::optional<FusedInput> broadcast_pattern(const Shape& x, const Op& b) 
 
 // A convert from 16 bits to f32 is exact: a group reads its operand widened, tile by tile.
 inline bool widens_exactly(DType from, DType to) { return is_half(from) && to == DType::f32; }
+// A convert from f32 to 16 bits rounds as a 16-bit group's store does: it roots a group of the f32 steps before
+// it (the f32 list's softmax or layer norm handing its result back in the compute dtype), which computes them in
+// f32 registers as ever and stores only the narrowed result.
+inline bool narrows_at_store(DType from, DType to) { return from == DType::f32 && is_half(to); }
 
 }  // namespace detail
 
@@ -168,8 +173,13 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
     }
 
   if (fuse) {
+    auto narrowing = [&](ValueId v) {
+      const Op& o = op(v);
+      return o.kind == OpKind::convert && detail::narrows_at_store(op(o.operands[0]).type.dtype, o.type.dtype);
+    };
     auto member = [&](ValueId v) {
       const Op& o = op(v);
+      if (computed(v) && narrowing(v)) return true;
       if (!computed(v) || !detail::fusable_kind(o.kind) || !is_float(o.type.dtype)) return false;
       for (auto a : o.operands)
         if (op(a).type.dtype != o.type.dtype || op(a).type.elements() != o.type.elements()) return false;
@@ -184,7 +194,7 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
     for (ValueId v = size; v-- > 0;) {
       if (!member(v)) continue;
       std::vector<int> joined;
-      bool joins = !is_output[static_cast<std::size_t>(v)] && !users[static_cast<std::size_t>(v)].empty();
+      bool joins = !narrowing(v) && !is_output[static_cast<std::size_t>(v)] && !users[static_cast<std::size_t>(v)].empty();
       for (auto u : users[static_cast<std::size_t>(v)]) {
         const auto& g = groups_of[static_cast<std::size_t>(u)];
         joins &= !g.empty();
@@ -247,8 +257,9 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
     for (std::size_t g = built.size(); g-- > 0;) {  // numbered walking backwards: ascending roots
       FusionGroup& grp = built[g];
       // A lone op gains nothing, unless it reads a pattern or is 16-bit: the plain kernel would widen whole
-      // operands to f32 copies, the group widens a tile at a time in registers.
-      if (grp.steps.size() < 2 && !patterned[g] && !is_half(grp.type.dtype)) continue;
+      // operands to f32 copies, the group widens a tile at a time in registers. A lone convert is convert's kernel.
+      if (grp.steps.size() < 2 && (grp.steps[0].kind == OpKind::convert || (!patterned[g] && !is_half(grp.type.dtype))))
+        continue;
       for (const auto& s : grp.steps) {
         ++copies_[static_cast<std::size_t>(s.value)];
         if (s.value != grp.root) skipped_[static_cast<std::size_t>(s.value)] = 1;
