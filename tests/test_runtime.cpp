@@ -1224,8 +1224,28 @@ TEST_CASE("fusion: fused groups give bitwise the unfused results, at every size"
   MESSAGE("groups ending in a narrowing convert: ", narrowing_groups);
 }
 
-TEST_CASE("fusion: large groups and converts split over the kernel threads give what one thread gives") {
+TEST_CASE("fusion: large groups, converts and reductions split over the kernel threads give what one thread gives") {
   Rng rng(24);
+  // Reductions split a kept leading dim; others run whole.
+  for (DType dt : {DType::f32, DType::bf16})
+    for (const auto& [shape, dims] : std::vector<std::pair<Shape, std::vector<std::int64_t>>>{
+             {{3, 100003}, {0}}, {{100003, 3}, {1}}, {{700, 400}, {1}}, {{40, 50, 300}, {0, 2}}, {{40, 50, 300}, {1}}})
+      for (OpKind kind : {OpKind::reduce_sum, OpKind::reduce_max}) {
+        const Array x = random_array(rng, {shape, dt}, -1e3, 1e3);
+        Attrs a;
+        a.dims = dims;
+        Array one, three;
+        {
+          const KernelThreads single(1);
+          one = run(kind, {x}, a);
+        }
+        {
+          const KernelThreads split(3);
+          three = run(kind, {x}, a);
+        }
+        INFO(name_of(kind), " ", to_string(x.type()));
+        CHECK(std::memcmp(layout::bytes(three), layout::bytes(one), static_cast<std::size_t>(one.bytes())) == 0);
+      }
   const Shape s{3, 100003};  // past the split threshold, not a whole number of tiles
   const Array wide = random_array(rng, {s, DType::f32}, -1e3, 1e3);
   for (DType to : {DType::bf16, DType::f16}) {

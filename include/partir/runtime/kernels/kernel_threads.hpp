@@ -70,11 +70,14 @@ inline constexpr std::int64_t kParallelElements = 1 << 18;
 
 // f(lo, hi) over [0, n): one range per kernel thread, bounds on multiples of `unit` (the last range takes the
 // rest), run by the calling thread's OpenMP team, the one oneDNN's GEMMs use (a second pool would fight its
-// spinning threads for the cores). Small loops, and builds without OpenMP, run f(0, n) here.
+// spinning threads for the cores). Small loops (`elements`: what the whole loop touches, n itself unless the
+// caller says), and builds without OpenMP, run f(0, n) here.
 template <class F>
-void split_over_kernel_threads(std::int64_t n, std::int64_t unit, F&& f) {
+void split_over_kernel_threads(std::int64_t n, std::int64_t unit, F&& f, std::int64_t elements = -1) {
   const std::int64_t units = n / unit;
-  const int parts = n < kParallelElements ? 1 : static_cast<int>(std::clamp<std::int64_t>(units, 1, kernel_threads()));
+  const int parts = (elements < 0 ? n : elements) < kParallelElements
+                        ? 1
+                        : static_cast<int>(std::clamp<std::int64_t>(units, 1, kernel_threads()));
   if (parts == 1) return f(std::int64_t{0}, n);  // no parallel region: entering one costs even with one thread
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(parts) schedule(static, 1)

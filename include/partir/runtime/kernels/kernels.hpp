@@ -321,6 +321,10 @@ void windows(const Array& x, const Array* g, const Attrs& a, Array& out) {
 // vectorized sum/max per run) or kept (added as a vector into the output row), which covers both
 // "reduce the last dims" and "reduce the leading dims" without strided inner loops. A 16-bit input (S) is
 // widened one run at a time into f32 (T): the same f32 sums as of a widened copy, without the copy's pass.
+// A large reduction whose leading dim is kept (a layer norm's statistics, row by row) splits that dim over the
+// kernel threads: each output element is still summed by one thread in the same order, whatever the split.
+// Splitting a kept run's columns instead (a bias gradient, summed over rows) ran slower: each thread read
+// half of every row, and the prefetchers stop at each page.
 template <class T, bool take_max, class S = T>
 void reduce(const Array& x, const std::vector<std::int64_t>& dims, Array& out) {
   const T identity = !take_max                              ? T(0)
@@ -345,25 +349,35 @@ void reduce(const Array& x, const std::vector<std::int64_t>& dims, Array& out) {
   strides[1].pop_back();
   const S* src = ptr<S>(x);
   T* dst = ptr<T>(out);
-  std::vector<T> widened_run(is_half_type<S> ? static_cast<std::size_t>(n) : 0);
-  for_each_index<2>(shape, strides, [&](const auto& off) {
-    const T* from;
-    if constexpr (is_half_type<S>) {
-      convert_elements(src + off[0], widened_run.data(), n);
-      from = widened_run.data();
-    } else {
-      from = src + off[0];
-    }
-    Eigen::Map<const Vec<T>> run(from, n);
-    if (reduce_run) {
-      T& acc = dst[off[1]];
-      acc = take_max ? std::max(acc, run.maxCoeff()) : acc + ordered_sum(from, n);
-    } else {
-      Eigen::Map<Vec<T>> acc(dst + off[1], n);
-      if constexpr (take_max) acc = acc.max(run);
-      else acc += run;
-    }
-  });
+  // The runs whose leading outer index is in [lo, hi).
+  auto reduce_part = [&](std::int64_t lo, std::int64_t hi) {
+    std::vector<T> widened_run(is_half_type<S> ? static_cast<std::size_t>(n) : 0);
+    Shape part = shape;
+    if (!part.empty()) part[0] = hi - lo;
+    const std::int64_t start0 = part.empty() ? 0 : lo * strides[0][0], start1 = part.empty() ? 0 : lo * strides[1][0];
+    for_each_index<2>(part, strides, [&](const auto& off) {
+      const T* from;
+      if constexpr (is_half_type<S>) {
+        convert_elements(src + start0 + off[0], widened_run.data(), n);
+        from = widened_run.data();
+      } else {
+        from = src + start0 + off[0];
+      }
+      Eigen::Map<const Vec<T>> run(from, n);
+      if (reduce_run) {
+        T& acc = dst[start1 + off[1]];
+        acc = take_max ? std::max(acc, run.maxCoeff()) : acc + ordered_sum(from, n);
+      } else {
+        Eigen::Map<Vec<T>> acc(dst + start1 + off[1], n);
+        if constexpr (take_max) acc = acc.max(run);
+        else acc += run;
+      }
+    });
+  };
+  if (reduce_run && !shape.empty() && strides[1][0] != 0)  // the leading dim is kept: its indices split
+    split_over_kernel_threads(shape[0], 1, [&](std::int64_t lo, std::int64_t hi) { reduce_part(lo, hi); }, x.size());
+  else
+    reduce_part(0, shape.empty() ? 1 : shape[0]);
 }
 
 // The operand's data in its plan's layout: the Array itself, or a transposed copy in scratch.
