@@ -261,7 +261,8 @@ TEST_CASE("runtime: 16-bit conversions round to nearest even, overflow to inf, k
   std::vector<float> wide(every.size());
   kernels::convert_elements(every.data(), wide.data(), static_cast<std::int64_t>(every.size()));
   std::vector<float> sweep;
-  for (std::uint64_t u = 0; u <= 0xffffffffu; u += 4093) sweep.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(u)));
+  for (std::uint64_t u = 0; u <= 0xffffffffu; u += 4093)
+    sweep.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(u)));
   std::vector<bf16> narrow(sweep.size() - 3);  // a length that leaves a scalar tail
   kernels::convert_elements(sweep.data(), narrow.data(), static_cast<std::int64_t>(narrow.size()));
   long bulk_wrong = 0;

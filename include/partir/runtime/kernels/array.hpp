@@ -32,7 +32,8 @@ using Elements = std::vector<T, CacheLineAllocator<T>>;
 
 class Array {
  public:
-  using Storage = std::variant<Elements<float>, Elements<double>, Elements<std::int32_t>, Elements<bf16>, Elements<f16>>;
+  using Storage =
+      std::variant<Elements<float>, Elements<double>, Elements<std::int32_t>, Elements<bf16>, Elements<f16>>;
 
   Array() : Array(TensorType{{}, DType::f32}) {}
   explicit Array(TensorType type) : type_(std::move(type)) {
@@ -53,7 +54,8 @@ class Array {
                  to_string(type_.shape));
   }
   template <class T>
-  Array(Shape shape, const std::vector<T>& values) : Array(std::move(shape), Elements<T>(values.begin(), values.end())) {}
+  Array(Shape shape, const std::vector<T>& values)
+      : Array(std::move(shape), Elements<T>(values.begin(), values.end())) {}
 
   template <class T>
   static constexpr DType dtype_of() {

@@ -135,9 +135,9 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
     auto reg = [&](std::size_t s) { return space.data() + slot[s] * w; };
     auto buf = [&](std::size_t i) { return space.data() + (slots + i) * w; };
     std::vector<const T*> in(ins), args;
-    // Input k's elements from i0 into its buffer, widened from 16 bits: the group's own type, the operand of a
-    // widening convert into an f32 group, or the 16-bit steps feeding an f32 one... and an f32 input of a group
-    // that narrows its f32 steps at the store (fusion.hpp) is read as it is.
+    // Input k's elements from i0 into its buffer, widened to T where they are 16-bit (a 16-bit group's inputs,
+    // the operand of a widening convert into an f32 group); the f32 inputs of a group that narrows at its store
+    // (fusion.hpp) are read as they are.
     auto load = [&](std::size_t k, const FusedInput& fi, std::int64_t i0, std::int64_t len) {
       if constexpr (std::is_same_v<T, float>) {
         switch (inputs[k]->dtype()) {

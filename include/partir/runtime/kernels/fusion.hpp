@@ -3,13 +3,13 @@
 // instead of one pass over memory each. A group is a DAG of elementwise ops (unary, binary, compare,
 // select) of one float dtype whose inner values feed ops of the group and nothing else (a value read by
 // several of them is computed once); its root's result is the only buffer it writes. A broadcast_in_dim
-// whose every user is in some group is never materialized: the groups read its operand through an index pattern instead (a scalar, a row repeated, a
-// column stretched); nor is a convert from 16 bits to f32 (a mixed-precision gradient entering the f32
-// update): the groups widen its operand as they load it. A convert from f32 to 16 bits ends a group of f32
-// steps, which stores its result narrowed (the f32 list's results returning to the compute dtype). A group that reads what an earlier group stores
-// computes that group's steps itself and stores those values as side outputs (multi-output fusion, below).
-// Everything else runs op by op. Pure IR analysis:
-// the executor, the interpreter and the simulator (for memory) all read the same plan.
+// whose every user is in some group is never materialized: the groups read its operand through an index
+// pattern instead (a scalar, a row repeated, a column stretched); nor is a convert from 16 bits to f32 (a
+// mixed-precision gradient entering the f32 update): the groups widen its operand as they load it. A convert
+// from f32 to 16 bits ends a group of f32 steps, which stores its result narrowed (the f32 list's results
+// returning to the compute dtype). A group that reads what an earlier group stores computes that group's
+// steps itself and stores those values as side outputs (multi-output fusion, below). Everything else runs op
+// by op. Pure IR analysis: the executor, the interpreter and the simulator (for memory) all read the same plan.
 //
 // Fused results are bitwise equal to unfused ones: each op still computes every element with the same
 // fixed-size vector code (kernels::blockwise), only without the round trip through memory in between (a
@@ -194,7 +194,8 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
     for (ValueId v = size; v-- > 0;) {
       if (!member(v)) continue;
       std::vector<int> joined;
-      bool joins = !narrowing(v) && !is_output[static_cast<std::size_t>(v)] && !users[static_cast<std::size_t>(v)].empty();
+      bool joins =
+          !narrowing(v) && !is_output[static_cast<std::size_t>(v)] && !users[static_cast<std::size_t>(v)].empty();
       for (auto u : users[static_cast<std::size_t>(v)]) {
         const auto& g = groups_of[static_cast<std::size_t>(u)];
         joins &= !g.empty();

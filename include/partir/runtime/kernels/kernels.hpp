@@ -375,7 +375,7 @@ void reduce(const Array& x, const std::vector<std::int64_t>& dims, Array& out) {
     });
   };
   if (reduce_run && !shape.empty() && strides[1][0] != 0)  // the leading dim is kept: its indices split
-    split_over_kernel_threads(shape[0], 1, [&](std::int64_t lo, std::int64_t hi) { reduce_part(lo, hi); }, x.size());
+    split_over_kernel_threads(shape[0], 1, reduce_part, x.size());
   else
     reduce_part(0, shape.empty() ? 1 : shape[0]);
 }
