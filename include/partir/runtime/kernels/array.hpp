@@ -16,15 +16,23 @@ namespace partir {
 
 // Element storage that starts on a cache line: a kernel's 64-byte vector loads and stores then never straddle
 // two lines (glibc's malloc aligns to 16 bytes, which made every AVX-512 access of a large array a split one).
+// Below a page the plain allocator serves: glibc's aligned allocation costs more than small kernels gain.
 template <class T>
 struct CacheLineAllocator {
   using value_type = T;
   static constexpr std::align_val_t line{64};
+  static constexpr std::size_t aligned_from = 4096;  // bytes
   CacheLineAllocator() = default;
   template <class U>
   CacheLineAllocator(const CacheLineAllocator<U>&) {}
-  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), line)); }
-  void deallocate(T* p, std::size_t) { ::operator delete(p, line); }
+  T* allocate(std::size_t n) {
+    const std::size_t bytes = n * sizeof(T);
+    return static_cast<T*>(bytes < aligned_from ? ::operator new(bytes) : ::operator new(bytes, line));
+  }
+  void deallocate(T* p, std::size_t n) {
+    if (n * sizeof(T) < aligned_from) ::operator delete(p);
+    else ::operator delete(p, line);
+  }
   friend bool operator==(CacheLineAllocator, CacheLineAllocator) { return true; }
 };
 template <class T>
