@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <memory>
 #include <optional>
 
 #include "partir/config.hpp"
@@ -86,6 +87,11 @@ inline std::pair<int, int> permute_peers(const Collective& c, std::int64_t posit
   return {member(position + c.shift), member(position - c.shift)};
 }
 
+// Staging for a collective's blocks, every byte of which is written before it is read (no zeroing).
+inline std::unique_ptr<std::byte[]> scratch_bytes(std::int64_t bytes) {
+  return bytes ? std::make_unique_for_overwrite<std::byte[]>(static_cast<std::size_t>(bytes)) : nullptr;
+}
+
 // Runs a collective other than all_slice into `out`, a buffer of its result type that the caller made (on the
 // device's own thread: the buffer cache is per thread), so a stream can run it on another thread.
 template <Communicator C>
@@ -99,22 +105,34 @@ void run_collective_into(const Collective& c, const Array& in, Array& out, const
       comm.all_reduce(group, layout::bytes(out), out.size(), out.dtype());
       return;
     case CollectiveKind::all_gather: {
-      std::vector<std::byte> blocks(static_cast<std::size_t>(out.bytes()));
-      comm.all_gather(group, layout::bytes(in), blocks.data(), in.size(), in.dtype());
-      layout::unpack(blocks.data(), c.dim, k, out);
+      if (layout::tiles_are_blocks(out.shape(), c.dim)) {
+        comm.all_gather(group, layout::bytes(in), layout::bytes(out), in.size(), in.dtype());
+        return;
+      }
+      const auto blocks = scratch_bytes(out.bytes());
+      comm.all_gather(group, layout::bytes(in), blocks.get(), in.size(), in.dtype());
+      layout::unpack(blocks.get(), c.dim, k, out);
       return;
     }
     case CollectiveKind::reduce_scatter: {
-      std::vector<std::byte> packed(static_cast<std::size_t>(in.bytes()));
-      layout::pack(in, c.dim, k, packed.data());
-      comm.reduce_scatter(group, packed.data(), layout::bytes(out), out.size(), out.dtype());
+      if (layout::tiles_are_blocks(in.shape(), c.dim)) {
+        comm.reduce_scatter(group, layout::bytes(in), layout::bytes(out), out.size(), out.dtype());
+        return;
+      }
+      const auto packed = scratch_bytes(in.bytes());
+      layout::pack(in, c.dim, k, packed.get());
+      comm.reduce_scatter(group, packed.get(), layout::bytes(out), out.size(), out.dtype());
       return;
     }
     case CollectiveKind::all_to_all: {
-      std::vector<std::byte> sent(static_cast<std::size_t>(in.bytes())), received(sent.size());
-      layout::pack(in, c.to_dim, k, sent.data());
-      comm.all_to_all(group, sent.data(), received.data(), in.size() / k, in.dtype());
-      layout::unpack(received.data(), c.dim, k, out);
+      const bool send_in_place = layout::tiles_are_blocks(in.shape(), c.to_dim),
+                 receive_in_place = layout::tiles_are_blocks(out.shape(), c.dim);
+      const auto sent = scratch_bytes(send_in_place ? 0 : in.bytes()),
+                 received = scratch_bytes(receive_in_place ? 0 : out.bytes());
+      if (!send_in_place) layout::pack(in, c.to_dim, k, sent.get());
+      comm.all_to_all(group, send_in_place ? layout::bytes(in) : sent.get(),
+                      receive_in_place ? layout::bytes(out) : received.get(), in.size() / k, in.dtype());
+      if (!receive_in_place) layout::unpack(received.get(), c.dim, k, out);
       return;
     }
     case CollectiveKind::collective_permute: {

@@ -6,6 +6,7 @@
 
 #include "partir/mesh.hpp"
 #include "partir/runtime/kernels/array.hpp"
+#include "partir/runtime/kernels/buffer_cache.hpp"
 #include "partir/sharding/sharding.hpp"
 
 namespace partir::layout {
@@ -31,13 +32,19 @@ inline const std::byte* bytes(const Array& a) {
 inline Array tile(const Array& in, std::int64_t dim, std::int64_t tiles, std::int64_t index) {
   Shape shape = in.shape();
   shape[static_cast<std::size_t>(dim)] /= tiles;
-  Array out(TensorType{shape, in.dtype()});
+  Array out = kernels::buffer_cache().take(TensorType{shape, in.dtype()});  // every byte is written below
   const auto s = split(in.shape(), dim, size_of(in.dtype()));
   const std::int64_t t = s.n / tiles;
   const auto chunk = static_cast<std::size_t>(t * s.inner);
   for (std::int64_t o = 0; o < s.outer; ++o)
     std::memcpy(bytes(out) + o * t * s.inner, bytes(in) + (o * s.n + index * t) * s.inner, chunk);
   return out;
+}
+
+// Whether the tiles along `dim` already are contiguous blocks (no dim before it has more than one index):
+// then pack and unpack are plain copies, and a collective can read or write the tensor itself.
+inline bool tiles_are_blocks(const Shape& shape, std::int64_t dim) {
+  return std::all_of(shape.begin(), shape.begin() + dim, [](std::int64_t d) { return d == 1; });
 }
 
 // Reorders `in` so that tile q along `dim` is the q-th contiguous block (send layout).

@@ -8,6 +8,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <tuple>
@@ -145,11 +146,11 @@ class Communicator {
     const std::int64_t k = g.size(), block = (n + k - 1) / k, first = std::min<std::int64_t>(me * block, n),
                        count = std::min<std::int64_t>(block, n - first);
     const auto width = static_cast<std::size_t>(size_of(t));
-    std::vector<std::byte> partial(static_cast<std::size_t>(block) * width);
-    world_->exchange(g, me, data, partial.data(), [&](const auto& ins, const auto&) {
-      reduce_blocks(ins, static_cast<std::size_t>(first) * width, partial.data(), count, t);
+    const auto partial = std::make_unique_for_overwrite<std::byte[]>(static_cast<std::size_t>(block) * width);
+    world_->exchange(g, me, data, partial.get(), [&](const auto& ins, const auto&) {
+      reduce_blocks(ins, static_cast<std::size_t>(first) * width, partial.get(), count, t);
     });
-    world_->exchange(g, me, partial.data(), nullptr, [&](const auto& ins, const auto&) {
+    world_->exchange(g, me, partial.get(), nullptr, [&](const auto& ins, const auto&) {
       for (std::int64_t i = 0; i < k; ++i) {
         const std::int64_t from = std::min<std::int64_t>(i * block, n), len = std::min<std::int64_t>(block, n - from);
         if (len > 0)
