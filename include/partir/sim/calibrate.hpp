@@ -12,15 +12,17 @@
 //   - op overhead: what the executor pays per op besides the kernel's work (dispatch, buffers, liveness), the
 //     slope between chains of 1 and 65 ops on one element, run by execute() (devices sharing cores pay more);
 //   - alpha-beta per collective kind and group size: the executor's own collective path (the communicator
-//     plus its staging copies), each call made as a step makes it (collective_seconds), fitted to the ring
-//     formula over a range of message sizes with relative least squares;
+//     plus its staging copies), each call made as a step makes it, on cold buffers (collective_seconds),
+//     fitted to the ring formula over a range of message sizes with relative least squares;
 //   - backends with two all_reduce algorithms (MPI): from which size partir's ring beats the library's, per
 //     group size (tune_collectives makes a communicator choose by it).
 // Each figure is the best of several rounds: what the machine does when nothing else runs on it (or, with
 // CalibrationOptions::typical, the median round).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "partir/dsl/ops.hpp"
 #include "partir/dsl/trace.hpp"
@@ -247,14 +249,31 @@ void run_case(const CollectiveCase& c, const Array& in, C& comm) {
   kernels::buffer_cache().give(detail::run_collective(c.collective, in, c.result, c.mesh, comm));
 }
 
-// Seconds of one call of c as a step meets it: each device arrives from compute of its own (a short fused chain
+// Seconds of one call of c as a step meets it. Each device arrives from compute of its own (a short fused chain
 // on data in cache, like the ops between a step's collectives), not in lockstep from the previous call; the
 // compute's own time, measured alone, is taken off. Devices that share cores then pay what a step pays, the
 // wake-up and the wait for a peer the scheduler has parked, which back-to-back calls hide (4 devices on 2 cores,
-// a 37 KiB all_gather on 2: 15-20 us back to back, 45-80 us after compute, 88 us in the demo's step).
+// a 37 KiB all_gather on 2: 15-20 us back to back, 45-80 us after compute, 88 us in the demo's step). And the
+// buffers are cold, as a step's are (the rest of the step ran since its operand was made and its result buffer
+// last used): calls rotate over pairs of them enough that a pair comes back only after 192 MiB of others (as
+// cold_point's sets). 16 MiB on 2 devices here: a reduce_scatter 1.4 ms on the same buffers, 2.8 ms on cold
+// ones, 2.3 ms in the MLP step. An all_reduce runs in place, as the executor runs a gradient's.
 template <Communicator C>
 double collective_seconds(C& comm, const CollectiveCase& c, const CalibrationOptions& o) {
-  const Array in(c.operand);
+  const bool in_place = c.collective.kind == CollectiveKind::all_reduce;
+  const double pair_bytes = static_cast<double>(c.operand.bytes() + (in_place ? 0 : c.result.bytes()));
+  const auto pairs = static_cast<std::size_t>(std::clamp(std::ceil(192.0 * (1 << 20) / pair_bytes), 2.0, 64.0));
+  std::vector<Array> operands, results;
+  for (std::size_t i = 0; i < pairs; ++i) {
+    operands.emplace_back(c.operand);
+    if (!in_place) results.emplace_back(c.result);
+  }
+  std::size_t next = 0;
+  auto call = [&](const CollectiveCase& k) {
+    Array& in = operands[next];
+    detail::run_collective_into(k.collective, in, in_place ? in : results[next], k.mesh, comm);
+    next = (next + 1) % pairs;
+  };
   const std::int64_t elements = std::int64_t{1} << 14;
   Array x(TensorType{{elements}});
   std::fill_n(kernels::ptr<float>(x), elements, 1.0f);
@@ -268,7 +287,7 @@ double collective_seconds(C& comm, const CollectiveCase& c, const CalibrationOpt
   bool consecutive = true;
   auto compute_then_collective = [&] {
     compute();
-    run_case(consecutive ? c : strided, in, comm);
+    call(consecutive ? c : strided);
     consecutive = !consecutive;
   };
   // Rounds of a millisecond or more: a scheduler's wake-ups and parked peers average out over many calls.
@@ -278,7 +297,7 @@ double collective_seconds(C& comm, const CollectiveCase& c, const CalibrationOpt
   const double both = best_seconds_per_call(comm, o, iterations, compute_then_collective);
   // Noise can take more off than the collective took (a fast one after slow compute): its back-to-back time then.
   if (both > alone) return both - alone;
-  return best_seconds_per_call(comm, o, iterations, [&] { run_case(c, in, comm); });
+  return best_seconds_per_call(comm, o, iterations, [&] { call(c); });
 }
 
 // Where partir's ring overtakes the library's all_reduce on groups of n (a ChoosesAllReduce backend): both are
