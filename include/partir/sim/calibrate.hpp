@@ -106,17 +106,31 @@ inline Op dot_op(std::int64_t m, std::int64_t n, DType t) {
   return Op{OpKind::dot_general, {0, 1}, a, {{m, n}, t}, ""};
 }
 
+// How many sets of `bytes` each a measurement rotates over so that a set comes back only after 192 MiB of the
+// others: data a step last touched before the rest of the step ran, which no cache holds any more (cold_point).
+inline std::size_t cold_sets(double bytes) {
+  return static_cast<std::size_t>(std::clamp(std::ceil(192.0 * (1 << 20) / bytes), 2.0, 64.0));
+}
+
 // GEMMs [d, 1024] x [1024, 1024] for a smallest dim d from 16 to 1024: the fastest rate is the peak, and
-// each d's fraction of it a point of the GEMM curve.
+// each d's fraction of it a point of the GEMM curve. On cold operands, as a step's GEMMs meet their weights (and
+// mostly their activations): bf16 on AMX here 2000 GFLOP/s on the same operands, 1600-1750 on cold ones (f32 -4%).
 template <Communicator C>
 void measure_gemms(C& comm, DType t, const CalibrationOptions& o, HardwareProfile& hw) {
   std::vector<std::pair<double, double>> rates;
   for (std::int64_t d : {16, 64, 256, 1024}) {
     const std::int64_t k = 1024, n = 1024;
-    const Array lhs(TensorType{{d, k}, t}), rhs(TensorType{{k, n}, t});
-    const std::array<const Array*, 2> operands{&lhs, &rhs};
+    const TensorType lhs{{d, k}, t}, rhs{{k, n}, t};
+    const std::size_t sets = cold_sets(static_cast<double>(lhs.bytes() + rhs.bytes()));
+    std::vector<Array> lhss, rhss;
+    for (std::size_t i = 0; i < sets; ++i) lhss.emplace_back(lhs), rhss.emplace_back(rhs);
     const Op op = dot_op(d, n, t);
-    const double s = best_seconds_per_call(comm, o, o.iterations, [&] { (void)eval(op, operands); });
+    std::size_t next = 0;
+    const double s = best_seconds_per_call(comm, o, o.iterations, [&] {
+      const std::array<const Array*, 2> operands{&lhss[next], &rhss[next]};
+      next = (next + 1) % sets;
+      (void)eval(op, operands);
+    });
     rates.emplace_back(static_cast<double>(d), 2.0 * static_cast<double>(d * k * n) / s);
   }
   double peak = 0;
@@ -162,7 +176,7 @@ double elementwise_flops_per_second(C& comm, DType t, const CalibrationOptions& 
 // cache here (26 GB/s on one core), 4 of them from memory (12-14 GB/s).
 template <Communicator C>
 std::pair<double, double> cold_point(C& comm, const TensorType& t, const CalibrationOptions& o) {
-  constexpr int sets = 4;
+  const auto sets = static_cast<int>(cold_sets(3.0 * static_cast<double>(t.bytes())));  // 4 of 48 MiB
   std::vector<Array> lhs, rhs;
   for (int i = 0; i < sets; ++i) lhs.emplace_back(t), rhs.emplace_back(t);
   const Op add{OpKind::add, {0, 1}, {}, t, ""};
@@ -255,14 +269,13 @@ void run_case(const CollectiveCase& c, const Array& in, C& comm) {
 // wake-up and the wait for a peer the scheduler has parked, which back-to-back calls hide (4 devices on 2 cores,
 // a 37 KiB all_gather on 2: 15-20 us back to back, 45-80 us after compute, 88 us in the demo's step). And the
 // buffers are cold, as a step's are (the rest of the step ran since its operand was made and its result buffer
-// last used): calls rotate over pairs of them enough that a pair comes back only after 192 MiB of others (as
-// cold_point's sets). 16 MiB on 2 devices here: a reduce_scatter 1.4 ms on the same buffers, 2.8 ms on cold
-// ones, 2.3 ms in the MLP step. An all_reduce runs in place, as the executor runs a gradient's.
+// last used): calls rotate over cold_sets pairs of them. 16 MiB on 2 devices here: a reduce_scatter 1.4 ms on
+// the same buffers, 2.8 ms on cold ones, 2.3 ms in the MLP step. An all_reduce runs in place, as the executor
+// runs a gradient's.
 template <Communicator C>
 double collective_seconds(C& comm, const CollectiveCase& c, const CalibrationOptions& o) {
   const bool in_place = c.collective.kind == CollectiveKind::all_reduce;
-  const double pair_bytes = static_cast<double>(c.operand.bytes() + (in_place ? 0 : c.result.bytes()));
-  const auto pairs = static_cast<std::size_t>(std::clamp(std::ceil(192.0 * (1 << 20) / pair_bytes), 2.0, 64.0));
+  const std::size_t pairs = cold_sets(static_cast<double>(c.operand.bytes() + (in_place ? 0 : c.result.bytes())));
   std::vector<Array> operands, results;
   for (std::size_t i = 0; i < pairs; ++i) {
     operands.emplace_back(c.operand);
