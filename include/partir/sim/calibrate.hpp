@@ -4,7 +4,7 @@
 // compute is measured with all devices busy at once, as in a real step (devices that share cores or memory
 // bandwidth see their share). Measured:
 //   - peak FLOP/s per dtype and the GEMM curve: dot_general through the CPU kernels on GEMMs whose
-//     smallest dim runs from 16 to 1024;
+//     smallest dim runs from 16 to 1024, on cold operands;
 //   - elementwise FLOP/s per dtype: the steps of a fused elementwise chain on data in cache;
 //   - memory bandwidth: an elementwise add, counting both reads and the write, from cache-sized arrays to
 //     arrays larger than the caches, and over data last touched long ago (the cache curve); the strided
