@@ -179,8 +179,9 @@ PARTIR_ENTRY FusionPlan::FusionPlan(std::int64_t size, const std::function<const
     };
     auto member = [&](ValueId v) {
       const Op& o = op(v);
-      if (computed(v) && narrowing(v)) return true;
-      if (!computed(v) || !detail::fusable_kind(o.kind) || !is_float(o.type.dtype)) return false;
+      if (!computed(v)) return false;
+      if (narrowing(v)) return true;
+      if (!detail::fusable_kind(o.kind) || !is_float(o.type.dtype)) return false;
       for (auto a : o.operands)
         if (op(a).type.dtype != o.type.dtype || op(a).type.elements() != o.type.elements()) return false;
       return true;
