@@ -235,6 +235,19 @@ TEST_CASE("lowering: collective plans of BP, MP and ZeRO on the MLP step") {
       if (b.name.starts_with("params/")) CHECK(b.sharding.is_replicated());
       if (b.name.starts_with("opt/adam/m/")) CHECK(b.sharding.dims[0] == AxisList{"batch"});
     }
+    // Adam's constants meet the gradient's shard as broadcasts made at the shard's shape, not sliced from whole
+    // ones; the update on the shard is then one group that stores m and v too (each a scalar pattern there).
+    for (const auto& c : spmd.collectives())
+      if (c.collective.kind == CollectiveKind::all_slice)
+        CHECK_MESSAGE(spmd.op(spmd.op(c.value).op.operands[0]).op.kind != OpKind::broadcast_in_dim, to_string(spmd));
+    const bool fusing = fusion_enabled();
+    set_fusion(true);
+    const FusionPlan fusion = plan_fusion(spmd);
+    int updates = 0;
+    for (const auto& g : fusion.groups()) updates += g.side_outputs.size() == 2;
+    CHECK_MESSAGE(updates == params, to_string(fusion));
+    set_fusion(fusing);
+    CHECK(max_error(step, spmd, 13) < 1e-5);
   }
   SUBCASE("Z3: parameters stored tiled and gathered where used") {
     const SpmdProgram spmd = lower(partition(step, Mesh{{"batch", 4}}, {bp("batch"), zero3("batch")}));

@@ -166,6 +166,18 @@ class Lowering {
         internal_error("lower: " + site + " wants " + prog_.label(value) + " partial over '" + p + "' but it is not");
 
     const TensorType& global = prog_.type(value);
+    // A scalar's broadcast is made again at the wanted tile's shape instead of sliced from a whole one (Adam's
+    // constants meeting a ZeRO gradient shard): nothing is materialized whole, and the fused groups read it as
+    // a pattern.
+    if (const Op& op = prog_.op(value); op.kind == OpKind::broadcast_in_dim && cur.partial.empty() && to.partial.empty()) {
+      const ValueId scalar = local_[static_cast<std::size_t>(op.operands[0])];
+      if (out_.type(scalar).rank() == 0 && layout_of(scalar).partial.empty()) {
+        Op local = op;
+        local.operands = {scalar};
+        local.type.shape = local.attrs.shape = local_shape(global, to, mesh_);
+        return reshards_[key] = emit(std::move(local), to);
+      }
+    }
     const std::string why = reason(value, cur, to, site);
     ValueId x = start;
     auto prefix = [](const AxisList& a, const AxisList& b) {  // a is a prefix of b
