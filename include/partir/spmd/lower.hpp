@@ -169,7 +169,8 @@ class Lowering {
     // A scalar's broadcast is made again at the wanted tile's shape instead of sliced from a whole one (Adam's
     // constants meeting a ZeRO gradient shard): nothing is materialized whole, and the fused groups read it as
     // a pattern.
-    if (const Op& op = prog_.op(value); op.kind == OpKind::broadcast_in_dim && cur.partial.empty() && to.partial.empty()) {
+    if (const Op& op = prog_.op(value);
+        op.kind == OpKind::broadcast_in_dim && cur.partial.empty() && to.partial.empty()) {
       const ValueId scalar = local_[static_cast<std::size_t>(op.operands[0])];
       if (out_.type(scalar).rank() == 0 && layout_of(scalar).partial.empty()) {
         Op local = op;

@@ -136,9 +136,9 @@ void run_group(const FusionGroup& g, std::span<const Array* const> inputs, Array
       std::visit([&](const auto& v) { streams.emplace_back(reinterpret_cast<const char*>(v.data()), sizeof(v[0])); },
                  inputs[k]->storage());
   auto prefetch = [&](std::int64_t i0, std::int64_t len) {
+    const auto first = static_cast<std::size_t>(i0), end = static_cast<std::size_t>(i0 + len);
     for (const auto& [base, size] : streams)
-      for (std::size_t at = static_cast<std::size_t>(i0) * size, end = static_cast<std::size_t>(i0 + len) * size; at < end; at += 64)
-        __builtin_prefetch(base + at);
+      for (std::size_t at = first * size; at < end * size; at += 64) __builtin_prefetch(base + at);
   };
   // Elements [lo, hi) (hi - lo >= one block), tile by tile, with buffers of its own.
   auto run_range = [&](std::int64_t lo, std::int64_t hi) {
