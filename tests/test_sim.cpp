@@ -248,6 +248,18 @@ TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
                        "hardware profile: ring_all_reduce_from: 'pair' is not a group size (an integer >= 2)", UserError);
 }
 
+TEST_CASE("calibrate: a ring's fit keeps a finite bandwidth when noise orders the samples wrong") {
+  // all_reduce on 2 devices: 2 steps of alpha + beta * S / 2.
+  const Link fit = calibration::fit_ring({{4096, 2e-5}, {1 << 20, 2.1e-4}}, 2, 2);
+  CHECK(fit.alpha > 0);
+  CHECK(fit.beta == doctest::Approx((2.1e-4 - 2e-5) / ((1 << 20) - 4096)).epsilon(1e-9));
+  // A preempted 4 KiB call slower than the 1 MiB one: through the origin, not an infinitely fast link.
+  const Link noisy = calibration::fit_ring({{4096, 3e-4}, {1 << 20, 2.1e-4}}, 2, 2);
+  CHECK(noisy.alpha == 0);
+  CHECK(noisy.beta > 0);
+  CHECK(2 * noisy.beta * (1 << 20) / 2 == doctest::Approx(2.1e-4).epsilon(0.05));  // the large message dominates
+}
+
 TEST_CASE("calibrate: devices agree on every figure; the op overhead is the executor's; links per kind and size") {
   const CalibrationOptions quick{.name = "test", .message_bytes = {1 << 12, 1 << 20}, .warmup = 1, .iterations = 2,
                                  .rounds = 1};

@@ -87,7 +87,8 @@ double best_seconds_per_call(C& comm, const CalibrationOptions& o, int iteration
 
 // alpha, beta of the ring formula `steps * (alpha + beta * S / n)` closest to the samples (S, t) in
 // relative error (weights 1/t^2), so that small messages (latency) and large ones (bandwidth) count alike.
-// A negative intercept (latency below timer noise) is clamped to zero.
+// A negative intercept (latency below timer noise) or slope (a small message slowed by a preemption past a large
+// one, on a loaded machine) is fitted through the origin instead: a link always has a finite bandwidth.
 inline Link fit_ring(const std::vector<std::pair<double, double>>& samples, double steps, double n) {
   double sw = 0, sx = 0, sxx = 0, sy = 0, sxy = 0;
   for (auto [s, t] : samples) {
@@ -96,8 +97,8 @@ inline Link fit_ring(const std::vector<std::pair<double, double>>& samples, doub
   }
   const double det = sw * sxx - sx * sx;
   double intercept = (sxx * sy - sx * sxy) / det, slope = (sw * sxy - sx * sy) / det;
-  if (intercept < 0) intercept = 0, slope = sxy / sxx;
-  return {intercept / steps, std::max(slope, 0.0) * n / steps};
+  if (intercept < 0 || slope <= 0) intercept = 0, slope = sxy / sxx;
+  return {intercept / steps, slope * n / steps};
 }
 
 inline Op dot_op(std::int64_t m, std::int64_t n, DType t) {
