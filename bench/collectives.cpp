@@ -4,7 +4,8 @@
 //               --backend threads|mpi|nccl  --devices 4 (threads)  --mesh batch=2,model=2 --axis model
 //               --json out.json  --raw (mpi: also time MPI called directly; prints the ratio)
 //               --algorithms (mpi: all_reduce two ways, reduce_scatter four)  --calibrate profile.json
-//               --profile profile.json (mpi: all_reduce switches to the ring where that profile measured it faster)
+//               --profile machine|default|profile.json (mpi: where all_reduce switches to the ring; machine, the
+//               default: where this machine's cached profile measured it faster, as the examples run)
 // size is the full buffer S in bytes (count = S / 4 floats): the all_reduce buffer, the all_gather result,
 // the reduce_scatter operand, the all_to_all operand. algbw = S / time; busbw = algbw x 2(n-1)/n for
 // all_reduce, (n-1)/n for the others; sendrecv (pipeline stages' point to point, as OSU's bidirectional test): each
@@ -19,6 +20,7 @@
 // which the NCCL communicator stages through the device.
 #include <partir/runtime/threads.hpp>
 #include <partir/sim/calibrate.hpp>
+#include <partir/sim/machine_profile.hpp>
 #include <partir/sim/json.hpp>
 #ifdef PARTIR_BENCH_MPI
 #include <partir/runtime/mpi.hpp>
@@ -51,7 +53,7 @@ struct Options {
   std::vector<CollectiveKind> ops = {CollectiveKind::all_reduce};
   std::string backend = "threads";
   int devices = 0;  // threads: 2; nccl: every GPU present
-  std::string mesh, axis, json_path, calibrate_path, profile_path;
+  std::string mesh, axis, json_path, calibrate_path, profile_path = "machine";
   bool raw = false, algorithms = false;
 };
 
@@ -93,8 +95,9 @@ Options parse(int argc, char** argv) {
                "mpi: each algorithm the backend chooses between, side by side (all_reduce two ways, reduce_scatter four)");
   app.add_option("--calibrate", o.calibrate_path, "measure this machine and write a hardware profile (JSON) instead");
   app.add_option("--profile", o.profile_path,
-                 "mpi: choose the all_reduce algorithm by this profile's measured crossover (a --calibrate file)")
-      ->check(CLI::ExistingFile);
+                 "mpi: where all_reduce switches to the ring: machine (this machine's cached profile, calibrated on "
+                 "first use, as the examples run), default (16 MiB) or a --calibrate file")
+      ->check(CLI::IsMember({"machine", "default"}) | CLI::ExistingFile);
   app.parse(argc, argv);
   o.min_bytes = parse_bytes("-b", min);
   o.max_bytes = parse_bytes("-e", max);
@@ -308,6 +311,19 @@ void write_json(const std::vector<Row>& rows, const std::string& path, const std
 }
 
 // Runs the benchmark (or the calibration) on this device; device 0 reports.
+// Which all_reduce the mpi backend runs, and why ("" for backends with one).
+template <p::Communicator C>
+std::string all_reduce_choice(const C& comm, const Options& o, int group_size) {
+  if constexpr (p::ChoosesAllReduce<C>) {
+    const std::int64_t from = comm.ring_all_reduce_from(group_size);
+    const std::string size = from % (1 << 20) ? std::to_string(from) + " B" : std::to_string(from >> 20) + " MiB";
+    return "; all_reduce: " +
+           (from == p::ring_all_reduce_never ? "MPI_Allreduce at every size" : "partir's ring from " + size) +
+           " (--profile " + o.profile_path + ")";
+  }
+  return "";
+}
+
 template <p::Communicator C>
 void run(C& comm, const Options& o, const Call* raw, const DeviceBuffers& device_buffers = {}) {
   const p::Mesh mesh = o.mesh.empty() ? p::Mesh{{"d", comm.num_devices()}} : p::Mesh::parse(o.mesh);
@@ -333,7 +349,8 @@ void run(C& comm, const Options& o, const Call* raw, const DeviceBuffers& device
   if (comm.device() != 0) return;
   const std::string setup = "backend " + o.backend + ", " + std::to_string(comm.num_devices()) + " devices, mesh " +
                             mesh.to_string() + ", groups along " + p::to_string(axes) + " (" +
-                            std::to_string(p::tile_count(axes, mesh)) + " devices each)";
+                            std::to_string(p::tile_count(axes, mesh)) + " devices each)" +
+                            all_reduce_choice(comm, o, static_cast<int>(p::tile_count(axes, mesh)));
   print(rows, o, setup);
   if (!o.json_path.empty()) write_json(rows, o.json_path, setup);
 }
@@ -470,7 +487,7 @@ void compare_algorithms(p::mpi::Communicator& comm, const Options& o, Collective
     std::printf("# partir's all_reduce on groups of %d: %s (%s)\n", g.size(),
                 from == partir::ring_all_reduce_never ? "MPI_Allreduce at every size"
                                                                  : ("ring from " + std::to_string(from) + " B").c_str(),
-                o.profile_path.empty() ? "default; --profile uses a calibrated crossover" : o.profile_path.c_str());
+                o.profile_path == "default" ? "built-in default" : ("--profile " + o.profile_path).c_str());
   }
 }
 #endif
@@ -522,7 +539,9 @@ int main(int argc, char** argv) {
       p::mpi::Session session(argc, argv);
       p::mpi::Communicator comm;
       RawMpi raw;
-      if (!o.profile_path.empty()) p::tune_collectives(comm, p::HardwareProfile::load(o.profile_path));
+      // The all_reduce algorithm a training run would use: the examples tune it from the machine's profile.
+      if (o.profile_path == "machine") p::tune_collectives(comm, p::machine_profile(comm));
+      else if (o.profile_path != "default") p::tune_collectives(comm, p::HardwareProfile::load(o.profile_path));
       if (o.algorithms) {
         compare_algorithms(comm, o, CollectiveKind::all_reduce, raw.all_reduce_variants(comm));
         compare_algorithms(comm, o, CollectiveKind::reduce_scatter, raw.reduce_scatter_variants(comm));
