@@ -7,7 +7,9 @@
 //  3. under `mpirun -np 2` (MPI builds): bp on 2 ranks vs the 1-device program on rank 0 alone, with the same
 //     kernel threads per rank.
 // BP runs with collectives on the communication stream (default) and inline, and prints the fraction of its
-// communication time that overlapped compute, measured from the executor's timeline.
+// communication time that overlapped compute, measured from the executor's timeline, and the speedup BP would
+// reach if communication were free: the 1-device step over a device's compute alone (its ops' time in the inline
+// run, where no collective shares the core with them).
 // usage: step_time [reps]        mpirun -np 2 step_time [reps] --mpi
 #include <partir/partir.hpp>
 #ifdef PARTIR_BENCH_MPI
@@ -47,7 +49,7 @@ double median_ms(int reps, const std::function<void()>& fn) {
 
 // The BP rows: one device (or rank) against two, collectives inline, streamed and bucketed.
 struct BpTimes {
-  double single_ms = 0, inline_ms = 0, bp_ms = 0, bucketed_ms = 0, overlapped = 0;
+  double single_ms = 0, inline_ms = 0, bp_ms = 0, bucketed_ms = 0, overlapped = 0, compute_ms = 0;
 };
 void print_bp(const char* unit, const BpTimes& t, double flops) {
   const std::string two = std::string("bp, 2 ") + unit + "s";
@@ -59,6 +61,8 @@ void print_bp(const char* unit, const BpTimes& t, double flops) {
   std::printf("bp speedup on 2 %ss: %.2fx (target >= 1.7x); %.2fx with inline collectives\n", unit, t.single_ms / t.bp_ms,
               t.single_ms / t.inline_ms);
   std::printf("communication hidden behind compute (%s 0, measured): %.0f%%\n", unit, 100 * t.overlapped);
+  std::printf("compute alone on %s 0: %.2f ms a step; with free communication bp would reach %.2fx\n", unit,
+              t.compute_ms, t.single_ms / t.compute_ms);
 }
 
 struct HandWritten {
@@ -91,11 +95,11 @@ struct HandWritten {
 
 }  // namespace
 
-// One timed step of an SPMD program on this device, inputs as local pieces; `hidden`, if given, receives the
-// fraction of the last step's communication time that overlapped compute on this device.
+// One timed step of an SPMD program on this device, inputs as local pieces; `timeline`, if given, receives the
+// last step's ops on this device.
 template <p::Communicator C>
 double spmd_step_ms(C& comm, const p::SpmdProgram& spmd, const p::NamedArrays& global, int reps, bool streamed = true,
-                    double* hidden = nullptr) {
+                    std::vector<p::OpTiming>* timeline = nullptr) {
   p::NamedArrays local;
   for (const auto& b : spmd.inputs())
     local[b.name] = p::layout::shard(global.at(b.name), b.sharding, spmd.mesh(), comm.device());
@@ -103,12 +107,27 @@ double spmd_step_ms(C& comm, const p::SpmdProgram& spmd, const p::NamedArrays& g
   const double ms = median_ms(reps, [&] {
     comm.barrier();
     last = p::execute(spmd, comm, local,
-                      {.global_inputs = false, .global_outputs = false, .timeline = hidden != nullptr,
+                      {.global_inputs = false, .global_outputs = false, .timeline = timeline != nullptr,
                        .async_collectives = streamed});
     comm.barrier();
   });
-  if (hidden) *hidden = p::hidden_communication_fraction(spmd, last.timeline);
+  if (timeline) *timeline = std::move(last.timeline);
   return ms;
+}
+
+// The BP rows on this device: `two` with collectives inline and streamed, `bucketed` streamed.
+template <p::Communicator C>
+BpTimes bp_times(C& comm, const p::SpmdProgram& two, const p::SpmdProgram& bucketed, const p::NamedArrays& global,
+                 int reps) {
+  BpTimes t;
+  std::vector<p::OpTiming> timeline;
+  t.inline_ms = spmd_step_ms(comm, two, global, reps, /*streamed=*/false, &timeline);
+  for (const auto& op : timeline)
+    if (!two.op(op.value).communicates()) t.compute_ms += op.seconds * 1e3;
+  t.bp_ms = spmd_step_ms(comm, two, global, reps, true, &timeline);
+  t.overlapped = p::hidden_communication_fraction(two, timeline);
+  t.bucketed_ms = spmd_step_ms(comm, bucketed, global, reps);
+  return t;
 }
 
 int main(int argc, char** argv) {
@@ -138,20 +157,19 @@ int main(int argc, char** argv) {
     p::mpi::Session session(argc, argv);
     if (session.size() != 2) p::user_error("step_time --mpi runs on 2 ranks (mpirun -np 2)");
     p::mpi::Communicator world;
-    BpTimes t;
     // The 1-rank baseline runs with a BP rank's kernel threads (the Session's share of the cores), so the
     // speedup is what a second rank adds, not a change of thread count.
     const int per_rank = p::kernel_threads();
+    double single_ms = 0;
     if (session.rank() == 0) {
       p::threads::run(1, [&](p::threads::Communicator& c) {
         p::KernelThreads same(per_rank);
-        t.single_ms = spmd_step_ms(c, one, state, reps);
+        single_ms = spmd_step_ms(c, one, state, reps);
       });
     }
     world.barrier();
-    t.inline_ms = spmd_step_ms(world, two, state, reps, /*streamed=*/false);
-    t.bp_ms = spmd_step_ms(world, two, state, reps, true, &t.overlapped);
-    t.bucketed_ms = spmd_step_ms(world, two_bucketed, state, reps);
+    BpTimes t = bp_times(world, two, two_bucketed, state, reps);
+    t.single_ms = single_ms;
     if (session.rank() == 0) {
       std::printf("# BP over MPI: MLP train step, batch %ld, %ld-%ld-%ld, SGD, f32, median of %d, %d kernel "
                   "threads per rank\n", batch, in, hidden, in, reps, per_rank);
@@ -210,10 +228,7 @@ int main(int argc, char** argv) {
   BpTimes t;
   p::threads::run(1, [&](p::threads::Communicator& c) { t.single_ms = spmd_step_ms(c, one, state, reps); });
   p::threads::run(2, [&](p::threads::Communicator& c) {
-    BpTimes mine;
-    mine.inline_ms = spmd_step_ms(c, two, state, reps, false);
-    mine.bp_ms = spmd_step_ms(c, two, state, reps, true, &mine.overlapped);
-    mine.bucketed_ms = spmd_step_ms(c, two_bucketed, state, reps);
+    BpTimes mine = bp_times(c, two, two_bucketed, state, reps);
     if (c.device() == 0) mine.single_ms = t.single_ms, t = mine;
   });
   std::printf("# BP on the threads backend (%s GEMMs)\n", std::string(p::name_of(engine)).c_str());
