@@ -733,6 +733,36 @@ TEST_CASE("remat: blocks and selective recompute in the backward pass, bitwise e
   CHECK(by_selective.peak_bytes < plain.peak_bytes);
 }
 
+TEST_CASE("remat: in bf16 a parameter's cast is made again, its arithmetic is kept, and a max's gradient finds the max") {
+  // max(exp(tanh(w)) * w) of a parameter w: made again for the backward pass inside another fused group,
+  // exp(tanh(w)) in bf16 kept f32 between its steps where the forward's group had stored tanh rounded, reduce_max's gradient
+  // (operand == max) matched nothing and the step's gradient norm was NaN (found by test_fuzz in bf16).
+  auto step_in = [](DType compute) {
+    StepOptions options{.clip_norm = 1.0};
+    if (compute != DType::f32) options.precision = MixedPrecision::with_compute(compute);
+    return train_step(
+        [](const std::vector<Tensor>&) {
+          const Tensor w = param("params/w", {4, 6}, normal_init(0.5));
+          const Tensor m = max(exp(tanh(w)) * w, {1});
+          return sum(m * m);
+        },
+        Adam{1e-2}, {}, options, "max_of_params");
+  };
+  const Program f32 = step_in(DType::f32);
+  const double norm = interpret(f32, init_inputs(f32, 3)).at("grad_norm").at(0);
+  {  // (f16's first step overflows under its initial loss scale, as it should, and is skipped)
+    const Program step = step_in(DType::bf16);
+    bool cast_again = false;
+    for (const auto& r : step.recomputes()) {
+      const OpKind k = step.op(r.value).kind;
+      CHECK((k != OpKind::tanh && k != OpKind::exp));
+      cast_again |= k == OpKind::convert;
+    }
+    CHECK(cast_again);
+    CHECK(interpret(step, init_inputs(step, 3)).at("grad_norm").at(0) == doctest::Approx(norm).epsilon(3e-2));
+  }
+}
+
 TEST_CASE("differential: remat on and off give bitwise equal partitioned steps; recomputed values keep the layouts") {
   const nn::GptConfig c = small(2);
   const Program none = train(c, 1e-3);

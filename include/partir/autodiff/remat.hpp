@@ -17,9 +17,16 @@
 // frees what a non-fused reader would have kept (under mixed precision, each weight's 16-bit copy: 2 bytes per
 // parameter between its forward and its backward use).
 //
+// In 16 bits only ops whose value does not depend on the fused group that computes it count as cheap: moves,
+// converts (a cast to 16 bits always ends its group, rounded as stored), compare, select, neg, abs, max and min.
+// A 16-bit arithmetic step keeps f32 inside its group and is rounded only where stored (kernels/fused_kernel.hpp),
+// so computed again inside another group it can differ in its last bit, and a max's gradient, which finds the max
+// by equality, would then find none.
+//
 // rematerialize() rewrites a program with a backward pass (train_step's): each recomputed value is computed
 // again just before its first use in the backward pass, from kept values, by the same ops in the same order, so
-// results are bitwise those of the program without remat. It is a transform on the step rather than a
+// results are bitwise those of the program without remat (16-bit regions a policy names: up to the rounding of
+// the steps their fused groups do not store). It is a transform on the step rather than a
 // tactic because it changes which ops run, where tactics only choose layouts: the partitioner then sees the
 // recomputed ops as ops, ties each to its original (they get the same layout), and ZeRO-3 gathers again
 // what the recomputation reads.
@@ -113,6 +120,15 @@ inline std::vector<char> forward_ops(const Program& p, ValueId backward) {
   return out;
 }
 
+// A 16-bit elementwise op whose value is the same in any fused group (see above).
+inline bool rounds_alike(OpKind k) {
+  switch (k) {
+    case OpKind::convert: case OpKind::compare: case OpKind::select: case OpKind::neg: case OpKind::abs:
+    case OpKind::max: case OpKind::min: return true;
+    default: return false;
+  }
+}
+
 // Which forward values of p the policy recomputes.
 inline std::vector<bool> recomputed_values(const Program& p, const Remat& r, const std::vector<char>& forward) {
   std::vector<bool> out(static_cast<std::size_t>(p.size()), false);
@@ -165,9 +181,10 @@ PARTIR_ENTRY Program rematerialize(const Program& p, const Remat& remat) {
     if (!forward[static_cast<std::size_t>(v)]) continue;
     const Op& op = p.op(v);
     const bool moves = op.kind == OpKind::broadcast_in_dim || op.kind == OpKind::reshape || op.kind == OpKind::transpose;
+    const bool exact = moves || (is_elementwise(op.kind) && (!is_half(op.type.dtype) || detail::rounds_alike(op.kind)));
     cheap[static_cast<std::size_t>(v)] =
         op.kind == OpKind::constant ||
-        ((moves || is_elementwise(op.kind)) && std::all_of(op.operands.begin(), op.operands.end(), [&](ValueId o) {
+        (exact && std::all_of(op.operands.begin(), op.operands.end(), [&](ValueId o) {
            return p.op(o).kind == OpKind::input || cheap[static_cast<std::size_t>(o)];
          }));
   }
