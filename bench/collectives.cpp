@@ -310,7 +310,6 @@ void write_json(const std::vector<Row>& rows, const std::string& path, const std
   p::json::write_file(path, {{"setup", setup}, {"rows", list}});
 }
 
-// Runs the benchmark (or the calibration) on this device; device 0 reports.
 // Which all_reduce the mpi backend runs, and why ("" for backends with one).
 template <p::Communicator C>
 std::string all_reduce_choice(const C& comm, const Options& o, int group_size) {
@@ -324,6 +323,7 @@ std::string all_reduce_choice(const C& comm, const Options& o, int group_size) {
   return "";
 }
 
+// Runs the benchmark (or the calibration) on this device; device 0 reports.
 template <p::Communicator C>
 void run(C& comm, const Options& o, const Call* raw, const DeviceBuffers& device_buffers = {}) {
   const p::Mesh mesh = o.mesh.empty() ? p::Mesh{{"d", comm.num_devices()}} : p::Mesh::parse(o.mesh);

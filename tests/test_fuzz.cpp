@@ -141,8 +141,8 @@ std::string apply(const Step& s, std::vector<Tensor>& pool, DType real = DType::
 // The program of the first `n` steps; outputs the last value (and, in modes 1-2, a scalar loss from it).
 Program build(const Recipe& r, std::size_t n, std::string* code = nullptr, DType real = DType::f32) {
   // The f64 reference (real) is the exact program: no 16-bit policy.
-  const std::optional<MixedPrecision> policy =
-      r.compute != DType::f32 && real == DType::f32 ? std::optional(MixedPrecision::with_compute(r.compute)) : std::nullopt;
+  std::optional<MixedPrecision> policy;
+  if (r.compute != DType::f32 && real == DType::f32) policy = MixedPrecision::with_compute(r.compute);
   std::optional<PrecisionScope> scope;
   if (policy && r.mode != 2) scope.emplace(*policy);
   auto body = [&](std::vector<Tensor>& pool) {
@@ -159,7 +159,8 @@ Program build(const Recipe& r, std::size_t n, std::string* code = nullptr, DType
           body(pool);
           return loss_of(pool.back());
         },
-        Adam{1e-2}, {}, StepOptions{.precision = policy, .clip_norm = 1.0}, "fuzz");  // clipping: the norm's sums under any layout
+        Adam{1e-2}, {}, StepOptions{.precision = policy, .clip_norm = 1.0},  // clipping: the norm's sums, any layout
+        "fuzz");
   Program p = trace("fuzz", [&](const std::vector<Tensor>&) {
     std::vector<Tensor> pool;
     body(pool);
@@ -608,7 +609,7 @@ TEST_CASE("fuzz: a plan's rounding noise passes where the outputs cancel, a wron
   const Array exact({2}, std::vector<double>{1, 2}), want({2}, std::vector<float>{1, 2});
   auto truth = [&]() -> const Array& { return exact; };
   CHECK_FALSE(disagreement(Array({2}, std::vector<float>{1, 2.0001f}), want, DType::f32, truth));
-  CHECK(disagreement(Array({2}, std::vector<float>{1, 2.001f}), want, DType::f32, truth) == 1);  // want is exact: no noise
+  CHECK(disagreement(Array({2}, std::vector<float>{1, 2.001f}), want, DType::f32, truth) == 1);  // want is exact
   // A bf16 program's loss, rounded to the neighbouring bf16 value (4 apart at 748) by the plan's other partial sums.
   const Array loss({1}, std::vector<double>{747.9});
   auto exact_loss = [&]() -> const Array& { return loss; };
