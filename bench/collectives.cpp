@@ -310,14 +310,13 @@ void write_json(const std::vector<Row>& rows, const std::string& path, const std
   p::json::write_file(path, {{"setup", setup}, {"rows", list}});
 }
 
-// Which all_reduce the mpi backend runs, and why ("" for backends with one).
+// Which all_reduce the mpi backend runs on groups of `group_size`, and why ("" for backends with one).
 template <p::Communicator C>
 std::string all_reduce_choice(const C& comm, const Options& o, int group_size) {
   if constexpr (p::ChoosesAllReduce<C>) {
     const std::int64_t from = comm.ring_all_reduce_from(group_size);
     const std::string size = from % (1 << 20) ? std::to_string(from) + " B" : std::to_string(from >> 20) + " MiB";
-    return "; all_reduce: " +
-           (from == p::ring_all_reduce_never ? "MPI_Allreduce at every size" : "partir's ring from " + size) +
+    return (from == p::ring_all_reduce_never ? "MPI_Allreduce at every size" : "partir's ring from " + size) +
            " (--profile " + o.profile_path + ")";
   }
   return "";
@@ -347,10 +346,12 @@ void run(C& comm, const Options& o, const Call* raw, const DeviceBuffers& device
     axes = split_axes(o.axis);
   const auto rows = sweep(comm, o, mesh, axes, partir_call(comm), raw, device_buffers);
   if (comm.device() != 0) return;
+  const auto group_size = static_cast<int>(p::tile_count(axes, mesh));
+  const std::string choice = all_reduce_choice(comm, o, group_size);
   const std::string setup = "backend " + o.backend + ", " + std::to_string(comm.num_devices()) + " devices, mesh " +
                             mesh.to_string() + ", groups along " + p::to_string(axes) + " (" +
-                            std::to_string(p::tile_count(axes, mesh)) + " devices each)" +
-                            all_reduce_choice(comm, o, static_cast<int>(p::tile_count(axes, mesh)));
+                            std::to_string(group_size) + " devices each)" +
+                            (choice.empty() ? "" : "; all_reduce: " + choice);
   print(rows, o, setup);
   if (!o.json_path.empty()) write_json(rows, o.json_path, setup);
 }
@@ -482,13 +483,8 @@ void compare_algorithms(p::mpi::Communicator& comm, const Options& o, Collective
     }
     if (me == 0) std::printf("\n");
   }
-  if (me == 0 && kind == CollectiveKind::all_reduce) {
-    const std::int64_t from = comm.ring_all_reduce_from(g.size());
-    std::printf("# partir's all_reduce on groups of %d: %s (%s)\n", g.size(),
-                from == partir::ring_all_reduce_never ? "MPI_Allreduce at every size"
-                                                                 : ("ring from " + std::to_string(from) + " B").c_str(),
-                o.profile_path == "default" ? "built-in default" : ("--profile " + o.profile_path).c_str());
-  }
+  if (me == 0 && kind == CollectiveKind::all_reduce)
+    std::printf("# partir's all_reduce on groups of %d: %s\n", g.size(), all_reduce_choice(comm, o, g.size()).c_str());
 }
 #endif
 
