@@ -145,33 +145,45 @@ PARTIR_ENTRY void Megatron::apply(PartitionState& s) const {
 
 PARTIR_ENTRY void Zero::apply(PartitionState& s) const {
   const int a = s.axis(axis);
-  // Z2 keeps parameters whole on the axis: the update runs on shards and the new parameters are
-  // all-gathered once; without this, propagation from the state would shard them (that is Z3).
-  if (stage < 3)
-    for (ValueId v : s.program().inputs())
-      if (s.program().op(v).attrs.input_kind == InputKind::parameter && !s.sharding(v).uses(axis)) s.forbid(v, a);
-  int tiled = 0;
-  for (ValueId v : s.program().inputs()) {
-    const Op& op = s.program().op(v);
-    const bool wanted = op.attrs.input_kind == InputKind::optimizer_state ||
-                        (stage >= 3 && op.attrs.input_kind == InputKind::parameter);
-    if (!wanted || op.type.rank() == 0) continue;
+  const Program& program = s.program();
+  // Tiles v on the first dim the axis (after the dim's axes so far) divides; whether it found one.
+  auto tile_first_divisible = [&](ValueId v) {
     const Sharding now = s.sharding(v);
-    if (now.uses(axis)) continue;
-    for (std::int64_t d = 0; d < op.type.rank(); ++d) {
+    for (std::int64_t d = 0; d < program.type(v).rank(); ++d) {
       AxisList axes = now.dims[static_cast<std::size_t>(d)];
       axes.push_back(axis);
-      if (op.type.shape[static_cast<std::size_t>(d)] % tile_count(axes, s.mesh()) == 0) {
+      if (program.type(v).shape[static_cast<std::size_t>(d)] % tile_count(axes, s.mesh()) == 0) {
         s.tile(v, d, a);
-        ++tiled;
-        break;
+        return true;
       }
     }
+    return false;
+  };
+  // Z2 keeps parameters whole on the axis; without this, propagation from the state would shard them (Z3).
+  if (stage < 3)
+    for (ValueId v : program.inputs())
+      if (program.op(v).attrs.input_kind == InputKind::parameter && !s.sharding(v).uses(axis)) s.forbid(v, a);
+  int tiled = 0;
+  for (ValueId v : program.inputs()) {
+    const Op& op = program.op(v);
+    const bool wanted = op.attrs.input_kind == InputKind::optimizer_state ||
+                        (stage >= 3 && op.attrs.input_kind == InputKind::parameter);
+    if (wanted && op.type.rank() > 0 && !s.sharding(v).uses(axis)) tiled += tile_first_divisible(v);
   }
   if (!tiled)
-    user_error(s.tactic_label() + ": program '" + s.program().name() + "' has no " +
+    user_error(s.tactic_label() + ": program '" + program.name() + "' has no " +
                (stage >= 3 ? "parameter or " : "") + "optimizer state divisible by axis '" + axis +
                "' (ZeRO shards optimizer state: use an optimizer with state, such as Adam)");
+  if (stage >= 3) return;
+  // Z2 computes each new parameter on its shard, as ZeRO's partitioned update does: the step all-gathers the
+  // new parameter once, rather than gathering the update and subtracting it from the whole parameter on
+  // every device.
+  for (const auto& o : program.outputs()) {
+    if (o.updates.empty() || program.op(o.value).kind == OpKind::input) continue;
+    const Op& updated = program.op(program.input(o.updates));
+    if (updated.attrs.input_kind == InputKind::parameter && updated.type.rank() > 0 && !s.sharding(o.value).uses(axis))
+      tile_first_divisible(o.value);
+  }
 }
 
 PARTIR_ENTRY void ExpertParallel::apply(PartitionState& s) const {
