@@ -193,10 +193,10 @@ TEST_CASE("catalog: tactics and schedules") {
     CHECK(p.sharding("x") == Sharding{{{"batch"}, {}}, {}});
     CHECK(p.conflicts().size() == 1);
   }
-  // E41 ZeRO without optimizer state
+  // E41 ZeRO on a program that is not a training step
   CHECK_THROWS_WITH_AS(partition(prog, mesh2x2, {zero2("batch")}),
-                       "tactic 1 (zero2(batch)): program 'mlp' has no optimizer state divisible by axis 'batch' "
-                       "(ZeRO shards optimizer state: use an optimizer with state, such as Adam)",
+                       "tactic 1 (zero2(batch)): program 'mlp' has no optimizer state or parameter update divisible by "
+                       "axis 'batch' (ZeRO shards a training step's optimizer state: partition a train_step)",
                        UserError);
   // E42 Megatron on a model without Megatron names
   {

@@ -13,8 +13,8 @@
 //   spatial(axis)        SP: every image-like data input ([batch, spatial..., features], rank >= 3) tiled on
 //                        its first spatial dim (the rows); convolutions exchange halos between neighbouring
 //                        tiles (sharding/halo.hpp), as GSPMD's spatial partitioning
-//   zero2(axis)          Z2: optimizer state tiled on `axis`; the gradient all_reduce becomes a
-//                        reduce_scatter and the updated parameters are all-gathered
+//   zero2(axis)          Z2: optimizer state and each parameter's update tiled on `axis`; the gradient
+//                        all_reduce becomes a reduce_scatter and the new parameters are all-gathered
 //   zero3(axis)          Z3: parameters too; each is all-gathered where it is used
 //   embedding(axis, dim) EMB: every embedding table (params/**/table, as nn::Embedding names it) tiled on
 //                        dim 0, the vocabulary (each device looks up the rows it holds: the lookup is a
@@ -23,9 +23,9 @@
 //                        query heads (…/attn/wq, bq) and the MLP split as in Megatron, attention output
 //                        (…/attn/wo) on its input features, the shared K/V projections (…/attn/wk, wv, bv)
 //                        kept whole on the axis, so every device holds the one K/V head
-// Preconditions: BP needs data inputs; MP and MQ need parameters named as above; Z2/Z3 need an optimizer
-// with state (Adam) and a dim of each tensor divisible by the axis; EMB needs a table. A preset that finds
-// nothing to act on is a UserError naming it.
+// Preconditions: BP needs data inputs; MP and MQ need parameters named as above; Z2/Z3 need a training step
+// (Z2 with any optimizer: without state it shards only the update) and a dim of each tensor divisible by the
+// axis; EMB needs a table. A preset that finds nothing to act on is a UserError naming it.
 #include "partir/tactics/automatic.hpp"
 #include "partir/tactics/manual.hpp"
 #include "partir/tactics/pipeline.hpp"
@@ -146,9 +146,11 @@ PARTIR_ENTRY void Megatron::apply(PartitionState& s) const {
 PARTIR_ENTRY void Zero::apply(PartitionState& s) const {
   const int a = s.axis(axis);
   const Program& program = s.program();
-  // Tiles v on the first dim the axis (after the dim's axes so far) divides; whether it found one.
+  // Tiles v on the first dim the axis (after the dim's axes so far) divides, unless the axis is on it already;
+  // whether it did.
   auto tile_first_divisible = [&](ValueId v) {
     const Sharding now = s.sharding(v);
+    if (now.uses(axis)) return false;
     for (std::int64_t d = 0; d < program.type(v).rank(); ++d) {
       AxisList axes = now.dims[static_cast<std::size_t>(d)];
       axes.push_back(axis);
@@ -159,31 +161,30 @@ PARTIR_ENTRY void Zero::apply(PartitionState& s) const {
     }
     return false;
   };
+  auto is_parameter = [&](ValueId v) { return program.op(v).attrs.input_kind == InputKind::parameter; };
   // Z2 keeps parameters whole on the axis; without this, propagation from the state would shard them (Z3).
   if (stage < 3)
     for (ValueId v : program.inputs())
-      if (program.op(v).attrs.input_kind == InputKind::parameter && !s.sharding(v).uses(axis)) s.forbid(v, a);
+      if (is_parameter(v) && !s.sharding(v).uses(axis)) s.forbid(v, a);
   int tiled = 0;
   for (ValueId v : program.inputs()) {
     const Op& op = program.op(v);
-    const bool wanted = op.attrs.input_kind == InputKind::optimizer_state ||
-                        (stage >= 3 && op.attrs.input_kind == InputKind::parameter);
-    if (wanted && op.type.rank() > 0 && !s.sharding(v).uses(axis)) tiled += tile_first_divisible(v);
+    if (op.type.rank() > 0 && (op.attrs.input_kind == InputKind::optimizer_state || (stage >= 3 && is_parameter(v))))
+      tiled += tile_first_divisible(v);
   }
+  // Z2 computes each new parameter on its shard, as ZeRO's partitioned update does (with or without optimizer
+  // state: the weight-update sharding of data-parallel training): the step reduce-scatters the gradient and
+  // all-gathers the new parameter, rather than updating the whole parameter on every device.
+  if (stage < 3)
+    for (const auto& o : program.outputs())
+      if (!o.updates.empty() && program.op(o.value).kind != OpKind::input && is_parameter(program.input(o.updates)) &&
+          program.type(o.value).rank() > 0)
+        tiled += tile_first_divisible(o.value);
   if (!tiled)
     user_error(s.tactic_label() + ": program '" + program.name() + "' has no " +
-               (stage >= 3 ? "parameter or " : "") + "optimizer state divisible by axis '" + axis +
-               "' (ZeRO shards optimizer state: use an optimizer with state, such as Adam)");
-  if (stage >= 3) return;
-  // Z2 computes each new parameter on its shard, as ZeRO's partitioned update does: the step all-gathers the
-  // new parameter once, rather than gathering the update and subtracting it from the whole parameter on
-  // every device.
-  for (const auto& o : program.outputs()) {
-    if (o.updates.empty() || program.op(o.value).kind == OpKind::input) continue;
-    const Op& updated = program.op(program.input(o.updates));
-    if (updated.attrs.input_kind == InputKind::parameter && updated.type.rank() > 0 && !s.sharding(o.value).uses(axis))
-      tile_first_divisible(o.value);
-  }
+               (stage >= 3 ? "parameter or optimizer state" : "optimizer state or parameter update") +
+               " divisible by axis '" + axis + "' (ZeRO shards a training step's " +
+               (stage >= 3 ? "parameters and " : "") + "optimizer state: partition a train_step)");
 }
 
 PARTIR_ENTRY void ExpertParallel::apply(PartitionState& s) const {
