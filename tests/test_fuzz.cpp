@@ -1,5 +1,5 @@
 // Randomized differential testing: random well-typed programs (from the op set, random shapes; sometimes
-// with their gradients or as a whole Adam train step; a quarter computing in bf16) under random schedules
+// with their gradients or as a whole Adam or SGD train step; a quarter computing in bf16) under random schedules
 // (ManualPartition of random inputs, tags, dims and axes, Replicate, presets) on random meshes. Every plan that
 // partition() accepts must lower and run on the threads backend with every device's outputs equal to the
 // single-device interpreter's (within the tolerance disagreement() states).
@@ -40,7 +40,7 @@ struct Step {
 
 struct Recipe {
   std::vector<Step> steps;
-  int mode = 0;  // 0: forward outputs; 1: value_and_grad of sum(last^2); 2: Adam train step on that loss, clipped
+  int mode = 0;  // 0: forward outputs; 1: value_and_grad of sum(last^2); 2 (Adam), 3 (SGD): train step on that loss, clipped
   DType compute = DType::f32;  // bf16: traced under MixedPrecision::with_compute(bf16), master weights in f32
 };
 
@@ -138,13 +138,13 @@ std::string apply(const Step& s, std::vector<Tensor>& pool, DType real = DType::
   return lhs + code + ";";
 }
 
-// The program of the first `n` steps; outputs the last value (and, in modes 1-2, a scalar loss from it).
+// The program of the first `n` steps; outputs the last value (and, in modes 1-3, a scalar loss from it).
 Program build(const Recipe& r, std::size_t n, std::string* code = nullptr, DType real = DType::f32) {
   // The f64 reference (real) is the exact program: no 16-bit policy.
   std::optional<MixedPrecision> policy;
   if (r.compute != DType::f32 && real == DType::f32) policy = MixedPrecision::with_compute(r.compute);
   std::optional<PrecisionScope> scope;
-  if (policy && r.mode != 2) scope.emplace(*policy);
+  if (policy && r.mode < 2) scope.emplace(*policy);
   auto body = [&](std::vector<Tensor>& pool) {
     for (std::size_t i = 0; i < n; ++i) {
       std::string line = apply(r.steps[i], pool, real);
@@ -152,15 +152,15 @@ Program build(const Recipe& r, std::size_t n, std::string* code = nullptr, DType
     }
   };
   auto loss_of = [](const Tensor& t) { return sum(t * t); };
-  if (r.mode == 2)
-    return train_step(
-        [&](const std::vector<Tensor>&) {
-          std::vector<Tensor> pool;
-          body(pool);
-          return loss_of(pool.back());
-        },
-        Adam{1e-2}, {}, StepOptions{.precision = policy, .clip_norm = 1.0},  // clipping: the norm's sums, any layout
-        "fuzz");
+  if (r.mode >= 2) {
+    auto loss = [&](const std::vector<Tensor>&) {
+      std::vector<Tensor> pool;
+      body(pool);
+      return loss_of(pool.back());
+    };
+    const StepOptions options{.precision = policy, .clip_norm = 1.0};  // clipping: the norm's sums, any layout
+    return r.mode == 2 ? train_step(loss, Adam{1e-2}, {}, options, "fuzz") : train_step(loss, SGD{1e-2}, {}, options, "fuzz");
+  }
   Program p = trace("fuzz", [&](const std::vector<Tensor>&) {
     std::vector<Tensor> pool;
     body(pool);
@@ -186,7 +186,7 @@ class Generator {
 
   Recipe recipe() {
     Recipe r;
-    r.mode = pick(3);
+    r.mode = pick(4);
     if (chance(0.25)) r.compute = DType::bf16;
     // A max's or a select's gradient goes to the operand that wins, and 16-bit values tie often: a plan whose
     // partial sums round otherwise (test_transformer's bf16 test says why) can break a tie the other way and move
@@ -395,7 +395,7 @@ class Generator {
       const int kind = pick(10);
       if (kind == 0) {
         out.push_back(data_parallel(axis));
-      } else if (kind == 1 && mode == 2) {
+      } else if (kind == 1 && mode >= 2) {
         out.push_back(chance(0.5) ? Tactic(zero2(axis)) : Tactic(zero3(axis)));
       } else if (kind == 2 && !named.empty()) {
         out.push_back(Replicate{p.op(named[static_cast<std::size_t>(pick(static_cast<int>(named.size())))]).name, axis});
@@ -583,7 +583,8 @@ std::string describe(const Case& c, std::uint64_t seed, long index, int max_ops)
   os << "reproduce: PARTIR_FUZZ_SEED=" << seed << " PARTIR_FUZZ_OPS=" << max_ops << " PARTIR_FUZZ_CASE=" << index
      << " build/tests/test_fuzz\n"
      << "shrunk case: mesh " << c.mesh.to_string() << ", mode "
-     << (c.recipe.mode == 0 ? "forward" : c.recipe.mode == 1 ? "value_and_grad(sum(out^2))" : "train_step Adam(sum(out^2)), clip_norm 1")
+     << std::array{"forward", "value_and_grad(sum(out^2))", "train_step Adam(sum(out^2)), clip_norm 1",
+                   "train_step SGD(sum(out^2)), clip_norm 1"}[static_cast<std::size_t>(c.recipe.mode)]
      << ", compute " << name_of(c.recipe.compute)
      << ", input seed " << c.input_seed << ", buckets of " << c.bucket_bytes << " bytes, prefetch " << c.prefetch_bytes
      << " bytes\n  // program (inside partir::trace)\n"

@@ -686,7 +686,7 @@ class Lowering {
 }  // namespace detail
 
 PARTIR_ENTRY SpmdProgram lower(const Partitioned& plan, const LowerOptions& options) {
-  SpmdProgram lowered = bucket_collectives(detail::Lowering(plan).run(), options.bucket_bytes);
+  SpmdProgram lowered = bucket_collectives(without_dead_ops(detail::Lowering(plan).run()), options.bucket_bytes);
   return options.early_collectives ? schedule_collectives(lowered, options.prefetch_bytes) : lowered;
 }
 #endif

@@ -78,7 +78,7 @@ PARTIR_ENTRY SpmdProgram schedule_collectives(const SpmdProgram& p, std::int64_t
       const ValueId u = candidates.top();
       candidates.pop();
       const SpmdOp& s = p.op(u);
-      if (at(grouped, u) || s.collective || s.op.kind == OpKind::input || at(output, u) ||
+      if (at(grouped, u) || s.communicates() || detail::is_program_input(s) || at(output, u) ||
           !std::ranges::all_of(at(users, u), [&](ValueId w) { return at(grouped, w); }))
         continue;
       at(grouped, u) = true;
@@ -91,7 +91,7 @@ PARTIR_ENTRY SpmdProgram schedule_collectives(const SpmdProgram& p, std::int64_t
       for (auto o : p.op(m).op.operands)
         if (!at(grouped, o) && std::ranges::find(g.outside, o) == g.outside.end()) g.outside.push_back(o);
     for (auto o : g.outside)
-      if (p.op(o).op.kind != OpKind::input && at(last_use, o) < p.size() && at(grouped, at(last_use, o)))
+      if (!detail::is_program_input(p.op(o)) && at(last_use, o) < p.size() && at(grouped, at(last_use, o)))
         g.released.push_back(o);
     for (auto m : g.members) at(grouped, m) = false;
     return g;
@@ -123,10 +123,34 @@ PARTIR_ENTRY SpmdProgram schedule_collectives(const SpmdProgram& p, std::int64_t
   std::vector<bool> moved(n, false);
   std::vector<std::int64_t> held(n, 0);  // extra bytes of moved collectives live across each instruction
   std::vector<std::vector<ValueId>> after(n);  // moved instructions by anchor, in the order they run
-  for (const auto& g : groups) {
-    const ValueId c = g.members.back();
-    ValueId earliest = 0;  // where what the group reads from outside runs now (at the soonest, after the first op)
+  // Groups move in the order they can start, where the groups before them left what they read (an early
+  // gradient's update and all_gather before those of a gradient that backward makes later, though the
+  // optimizer updates that one first), so the budget goes first to what overlaps most. A group moves after
+  // the groups whose collectives it reads: those are in place before it is placed.
+  std::vector<int> group_at(n, -1);
+  for (std::size_t i = 0; i < groups.size(); ++i)
+    for (auto m : groups[i].members) at(group_at, m) = static_cast<int>(i);
+  std::vector<bool> placed(groups.size(), false);
+  auto earliest_of = [&](const Group& g) {  // where what it reads from outside runs now
+    ValueId earliest = 0;
     for (auto o : g.outside) earliest = std::max(earliest, at(anchor, o));
+    return earliest;
+  };
+  auto can_place = [&](const Group& g) {
+    return std::ranges::all_of(g.outside, [&](ValueId o) {
+      return at(group_at, o) < 0 || placed[static_cast<std::size_t>(at(group_at, o))];
+    });
+  };
+  for (std::size_t round = 0; round < groups.size(); ++round) {
+    std::size_t next = groups.size();
+    for (std::size_t i = 0; i < groups.size(); ++i)
+      if (!placed[i] && can_place(groups[i]) &&
+          (next == groups.size() || earliest_of(groups[i]) < earliest_of(groups[next])))
+        next = i;
+    placed[next] = true;
+    const Group& g = groups[next];
+    const ValueId c = g.members.back();
+    const ValueId earliest = earliest_of(g);  // at the soonest, after the first op
     ValueId a = c - 1;  // unmoved: after the instruction before it
     while (a > earliest && at(held, a) + cost_at(g, a) <= budget) --a;
     for (ValueId j = a + 1; j < c; ++j) at(held, j) += cost_at(g, j);

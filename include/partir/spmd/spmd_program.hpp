@@ -2,6 +2,7 @@
 // SpmdProgram: the one program every device runs. Values have per-device (local) types; communication is
 // explicit, as collectives over the group of devices that differ along some mesh axes. Each collective
 // carries its bytes and the reason it exists (provenance), so a plan can be read, simulated and explained.
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -170,10 +171,6 @@ class SpmdProgram {
   std::optional<SpmdPipeline> pipeline_;
 };
 
-// What the devices of one stage run: the ops of `stage` (and the inputs every stage holds) in program order,
-// renumbered; a recv keeps no operand (its send runs elsewhere) and a send's result holds nothing. Outputs
-// are those this stage holds, a received copy standing for a value made on another stage. `ids`, if given,
-// receives the pipelined program's id of each op. A program without a pipeline is its own stage 0.
 // Binds `out`'s inputs and outputs as p's, through `moved` (p's value id -> out's): for passes that rebuild a
 // program op by op.
 inline void add_bindings(const SpmdProgram& p, SpmdProgram& out, const std::vector<ValueId>& moved) {
@@ -187,6 +184,36 @@ inline void add_bindings(const SpmdProgram& p, SpmdProgram& out, const std::vect
   }
 }
 
+// p without the local ops whose values nothing uses: lowering leaves some behind (a whole broadcast that a
+// tile's use made again at the tile's shape), and the executor would compute them. Collectives stay: every
+// device runs each one.
+inline SpmdProgram without_dead_ops(const SpmdProgram& p) {
+  std::vector<bool> live(static_cast<std::size_t>(p.size()), false);
+  for (const auto& b : p.outputs()) live[static_cast<std::size_t>(b.value)] = true;
+  for (ValueId v = p.size() - 1; v >= 0; --v) {
+    const SpmdOp& s = p.op(v);
+    if (s.collective || s.op.kind == OpKind::input) live[static_cast<std::size_t>(v)] = true;
+    if (live[static_cast<std::size_t>(v)])
+      for (auto o : s.op.operands) live[static_cast<std::size_t>(o)] = true;
+  }
+  if (std::ranges::all_of(live, [](bool b) { return b; })) return p;
+  SpmdProgram out(p.name(), p.mesh());
+  if (p.pipeline()) out.set_pipeline(*p.pipeline());
+  std::vector<ValueId> moved(static_cast<std::size_t>(p.size()), -1);
+  for (ValueId v = 0; v < p.size(); ++v) {
+    if (!live[static_cast<std::size_t>(v)]) continue;
+    SpmdOp s = p.op(v);
+    for (auto& o : s.op.operands) o = moved[static_cast<std::size_t>(o)];
+    moved[static_cast<std::size_t>(v)] = out.add(std::move(s));
+  }
+  add_bindings(p, out, moved);
+  return out;
+}
+
+// What the devices of one stage run: the ops of `stage` (and the inputs every stage holds) in program order,
+// renumbered; a recv keeps no operand (its send runs elsewhere) and a send's result holds nothing. Outputs
+// are those this stage holds, a received copy standing for a value made on another stage. `ids`, if given,
+// receives the pipelined program's id of each op. A program without a pipeline is its own stage 0.
 inline SpmdProgram stage_program(const SpmdProgram& p, int stage, std::vector<ValueId>* ids = nullptr) {
   SpmdProgram out(p.name(), p.mesh());
   std::vector<ValueId> local(static_cast<std::size_t>(p.size()), -1);
