@@ -468,7 +468,7 @@ TEST_CASE("early collectives: each moves up to its operand, within the prefetch 
   // (other collectives, and the ops that move with them); returns whether any moved up. With `reductions_only`,
   // all_gathers (whose larger results move within the prefetch budget) are not held to that.
   auto as_early_as_allowed = [](const SpmdProgram& early, const SpmdProgram& late, bool reductions_only = false) {
-    auto communicating = [](const SpmdProgram& p) {  // all_slice is a local copy: it does not move
+    auto communicating = [](const SpmdProgram& p) {  // all_slice is a local copy: it moves only with a group
       std::vector<std::string> list;
       for (const auto& c : p.collectives())
         if (c.collective.kind != CollectiveKind::all_slice) list.push_back(to_string(c.collective) + " " + c.collective.reason);

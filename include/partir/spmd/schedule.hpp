@@ -30,23 +30,6 @@ inline constexpr std::int64_t one_collective_ahead = -1;
 PARTIR_ENTRY SpmdProgram schedule_collectives(const SpmdProgram& p, std::int64_t prefetch_bytes = one_collective_ahead);
 
 #if PARTIR_DEFINE_ENTRIES
-namespace detail {
-
-// The program's instructions in a new order (a permutation that keeps every operand before its user).
-inline SpmdProgram reordered(const SpmdProgram& p, const std::vector<ValueId>& order) {
-  std::vector<ValueId> moved(static_cast<std::size_t>(p.size()), -1);
-  SpmdProgram out(p.name(), p.mesh());
-  for (auto v : order) {
-    SpmdOp s = p.op(v);
-    for (auto& o : s.op.operands) o = moved[static_cast<std::size_t>(o)];
-    moved[static_cast<std::size_t>(v)] = out.add(std::move(s));
-  }
-  add_bindings(p, out, moved);
-  return out;
-}
-
-}  // namespace detail
-
 PARTIR_ENTRY SpmdProgram schedule_collectives(const SpmdProgram& p, std::int64_t prefetch_bytes) {
   if (prefetch_bytes < one_collective_ahead)
     user_error("schedule_collectives: prefetch budget " + std::to_string(prefetch_bytes) +
@@ -143,14 +126,15 @@ PARTIR_ENTRY SpmdProgram schedule_collectives(const SpmdProgram& p, std::int64_t
   };
   for (std::size_t round = 0; round < groups.size(); ++round) {
     std::size_t next = groups.size();
-    for (std::size_t i = 0; i < groups.size(); ++i)
-      if (!placed[i] && can_place(groups[i]) &&
-          (next == groups.size() || earliest_of(groups[i]) < earliest_of(groups[next])))
-        next = i;
+    ValueId earliest = 0;  // where the next group can go at the soonest (after the first op)
+    for (std::size_t i = 0; i < groups.size(); ++i) {
+      if (placed[i] || !can_place(groups[i])) continue;
+      const ValueId e = earliest_of(groups[i]);
+      if (next == groups.size() || e < earliest) next = i, earliest = e;
+    }
     placed[next] = true;
     const Group& g = groups[next];
     const ValueId c = g.members.back();
-    const ValueId earliest = earliest_of(g);  // at the soonest, after the first op
     ValueId a = c - 1;  // unmoved: after the instruction before it
     while (a > earliest && at(held, a) + cost_at(g, a) <= budget) --a;
     for (ValueId j = a + 1; j < c; ++j) at(held, j) += cost_at(g, j);
@@ -167,7 +151,7 @@ PARTIR_ENTRY SpmdProgram schedule_collectives(const SpmdProgram& p, std::int64_t
     if (!at(moved, v)) order.push_back(v);
     order.insert(order.end(), at(after, v).begin(), at(after, v).end());
   }
-  return detail::reordered(p, order);
+  return reordered(p, order);
 }
 #endif
 

@@ -2,7 +2,6 @@
 // SpmdProgram: the one program every device runs. Values have per-device (local) types; communication is
 // explicit, as collectives over the group of devices that differ along some mesh axes. Each collective
 // carries its bytes and the reason it exists (provenance), so a plan can be read, simulated and explained.
-#include <algorithm>
 #include <map>
 #include <optional>
 #include <string>
@@ -184,6 +183,20 @@ inline void add_bindings(const SpmdProgram& p, SpmdProgram& out, const std::vect
   }
 }
 
+// The program's instructions in a new order, or some of them (every operand kept, and before its user).
+inline SpmdProgram reordered(const SpmdProgram& p, const std::vector<ValueId>& order) {
+  std::vector<ValueId> moved(static_cast<std::size_t>(p.size()), -1);
+  SpmdProgram out(p.name(), p.mesh());
+  if (p.pipeline()) out.set_pipeline(*p.pipeline());
+  for (auto v : order) {
+    SpmdOp s = p.op(v);
+    for (auto& o : s.op.operands) o = moved[static_cast<std::size_t>(o)];
+    moved[static_cast<std::size_t>(v)] = out.add(std::move(s));
+  }
+  add_bindings(p, out, moved);
+  return out;
+}
+
 // p without the local ops whose values nothing uses: lowering leaves some behind (a whole broadcast that a
 // tile's use made again at the tile's shape), and the executor would compute them. Collectives stay: every
 // device runs each one.
@@ -192,22 +205,14 @@ inline SpmdProgram without_dead_ops(const SpmdProgram& p) {
   for (const auto& b : p.outputs()) live[static_cast<std::size_t>(b.value)] = true;
   for (ValueId v = p.size() - 1; v >= 0; --v) {
     const SpmdOp& s = p.op(v);
-    if (s.collective || s.op.kind == OpKind::input) live[static_cast<std::size_t>(v)] = true;
+    if (s.collective || detail::is_program_input(s)) live[static_cast<std::size_t>(v)] = true;
     if (live[static_cast<std::size_t>(v)])
       for (auto o : s.op.operands) live[static_cast<std::size_t>(o)] = true;
   }
-  if (std::ranges::all_of(live, [](bool b) { return b; })) return p;
-  SpmdProgram out(p.name(), p.mesh());
-  if (p.pipeline()) out.set_pipeline(*p.pipeline());
-  std::vector<ValueId> moved(static_cast<std::size_t>(p.size()), -1);
-  for (ValueId v = 0; v < p.size(); ++v) {
-    if (!live[static_cast<std::size_t>(v)]) continue;
-    SpmdOp s = p.op(v);
-    for (auto& o : s.op.operands) o = moved[static_cast<std::size_t>(o)];
-    moved[static_cast<std::size_t>(v)] = out.add(std::move(s));
-  }
-  add_bindings(p, out, moved);
-  return out;
+  std::vector<ValueId> kept;
+  for (ValueId v = 0; v < p.size(); ++v)
+    if (live[static_cast<std::size_t>(v)]) kept.push_back(v);
+  return kept.size() == live.size() ? p : reordered(p, kept);
 }
 
 // What the devices of one stage run: the ops of `stage` (and the inputs every stage holds) in program order,
