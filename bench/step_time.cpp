@@ -12,6 +12,7 @@
 // communication time that overlapped compute, measured from the executor's timeline, and the speedup BP would
 // reach if communication were free: the 1-device step over a device's compute alone (its ops' time in the inline
 // run, where no collective shares the core with them).
+// The BP rows run in 3 rounds, each row once per round, and each row keeps its best median.
 // usage: step_time [reps]        mpirun -np 2 step_time [reps] --mpi
 #include <partir/partir.hpp>
 #ifdef PARTIR_BENCH_MPI
@@ -54,6 +55,19 @@ struct BpTimes {
   double single_ms = 0, inline_ms = 0, bp_ms = 0, bucketed_ms = 0, sharded_update_ms = 0, overlapped = 0,
          compute_ms = 0;
 };
+// Each row's best over rounds that measure every row once, the baseline first: a slow period of the shared
+// host (seconds long here) then costs one round's rows rather than one row's every measurement. The hidden
+// fraction comes with the best streamed BP row.
+BpTimes best_rows(const BpTimes& a, const BpTimes& b) {
+  BpTimes t = a.bp_ms <= b.bp_ms ? a : b;
+  t.single_ms = std::min(a.single_ms, b.single_ms);
+  t.inline_ms = std::min(a.inline_ms, b.inline_ms);
+  t.bucketed_ms = std::min(a.bucketed_ms, b.bucketed_ms);
+  t.sharded_update_ms = std::min(a.sharded_update_ms, b.sharded_update_ms);
+  t.compute_ms = std::min(a.compute_ms, b.compute_ms);
+  return t;
+}
+constexpr int bp_rounds = 3;
 void print_bp(const char* unit, const BpTimes& t, double flops) {
   const std::string two = std::string("bp, 2 ") + unit + "s";
   auto row = [&](const std::string& name, double ms) { std::printf("%-28s %10.2f ms %8.1f GFLOP/s\n", name.c_str(), ms, flops / ms / 1e6); };
@@ -167,19 +181,23 @@ int main(int argc, char** argv) {
     // The 1-rank baseline runs with a BP rank's kernel threads (the Session's share of the cores), so the
     // speedup is what a second rank adds, not a change of thread count.
     const int per_rank = p::kernel_threads();
-    double single_ms = 0;
-    if (session.rank() == 0) {
-      p::threads::run(1, [&](p::threads::Communicator& c) {
-        p::KernelThreads same(per_rank);
-        single_ms = spmd_step_ms(c, one, state, reps);
-      });
+    BpTimes t;
+    for (int round = 0; round < bp_rounds; ++round) {
+      double single_ms = 0;
+      if (session.rank() == 0) {
+        p::threads::run(1, [&](p::threads::Communicator& c) {
+          p::KernelThreads same(per_rank);
+          single_ms = spmd_step_ms(c, one, state, reps);
+        });
+      }
+      world.barrier();
+      BpTimes r = bp_times(world, two, two_bucketed, two_sharded_update, state, reps);
+      r.single_ms = single_ms;
+      t = round == 0 ? r : best_rows(t, r);
     }
-    world.barrier();
-    BpTimes t = bp_times(world, two, two_bucketed, two_sharded_update, state, reps);
-    t.single_ms = single_ms;
     if (session.rank() == 0) {
-      std::printf("# BP over MPI: MLP train step, batch %ld, %ld-%ld-%ld, SGD, f32, median of %d, %d kernel "
-                  "threads per rank\n", batch, in, hidden, in, reps, per_rank);
+      std::printf("# BP over MPI: MLP train step, batch %ld, %ld-%ld-%ld, SGD, f32, best of %d medians of %d, %d "
+                  "kernel threads per rank\n", batch, in, hidden, in, bp_rounds, reps, per_rank);
       print_bp("rank", t, flops);
     }
     return 0;
@@ -233,11 +251,16 @@ int main(int argc, char** argv) {
   std::printf("partir peak memory: %.1f MiB\n", static_cast<double>(stats.peak_bytes) / (1 << 20));
 
   BpTimes t;
-  p::threads::run(1, [&](p::threads::Communicator& c) { t.single_ms = spmd_step_ms(c, one, state, reps); });
-  p::threads::run(2, [&](p::threads::Communicator& c) {
-    BpTimes mine = bp_times(c, two, two_bucketed, two_sharded_update, state, reps);
-    if (c.device() == 0) mine.single_ms = t.single_ms, t = mine;
-  });
-  std::printf("# BP on the threads backend (%s GEMMs)\n", std::string(p::name_of(engine)).c_str());
+  for (int round = 0; round < bp_rounds; ++round) {
+    BpTimes r;
+    p::threads::run(1, [&](p::threads::Communicator& c) { r.single_ms = spmd_step_ms(c, one, state, reps); });
+    p::threads::run(2, [&](p::threads::Communicator& c) {
+      BpTimes mine = bp_times(c, two, two_bucketed, two_sharded_update, state, reps);
+      if (c.device() == 0) mine.single_ms = r.single_ms, r = mine;
+    });
+    t = round == 0 ? r : best_rows(t, r);
+  }
+  std::printf("# BP on the threads backend (%s GEMMs), best of %d medians of %d\n",
+              std::string(p::name_of(engine)).c_str(), bp_rounds, reps);
   print_bp("device", t, flops);
 }
