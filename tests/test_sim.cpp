@@ -126,6 +126,29 @@ TEST_CASE("cost model: FLOPs from the rule's iteration space, bytes read and wri
   CHECK(t.flops == 0);
   CHECK(t.bytes == 40 * 4);
   CHECK(local_work(input_op("x", {{4, 5}}, InputKind::data), {}).bytes == 0);
+
+  // A slice reads what it keeps, not its whole operand: rows 1..3 of [4, 5].
+  Attrs middle_rows;
+  middle_rows.lo = {1, 0};
+  middle_rows.hi = {3, 5};
+  CHECK(local_work(local_op(OpKind::slice, {0}, {{2, 5}}, middle_rows), matrix).bytes == 2 * 10 * 4);
+}
+
+TEST_CASE("simulate: an all_slice copies this device's tile, reading only the tile") {
+  // ZeRO-2's shard of a replicated parameter: f32[8] -> f32[4] on {batch=2}, 16 bytes read and 16 written.
+  SpmdProgram p("all_slice", Mesh{{"batch", 2}});
+  const TensorType vec8{{8}}, vec4{{4}};
+  auto w = p.add({input_op("w", vec8, InputKind::parameter)});
+  p.add_input({"w", w, vec8, Sharding::replicated(1), ""});
+  Collective slice{CollectiveKind::all_slice, {"batch"}};
+  slice.dim = 0;
+  auto tile = p.add({local_op(OpKind::input, {w}, vec4), slice});
+  p.add_output({"w_tile", tile, vec8, Sharding{{{"batch"}}, {}}, ""});
+  const Report r = simulate(p, unit_profile(), {.overlap = false});
+  REQUIRE(r.timeline.size() == 1);
+  CHECK(r.timeline[0].bytes == 32);
+  CHECK(r.timeline[0].seconds == doctest::Approx(32e-9));  // 1 GB/s, no per-op cost
+  CHECK(r.communication_seconds == 0);
 }
 
 TEST_CASE("cost model: roofline and ring formulas") {

@@ -60,7 +60,10 @@ inline Work local_work(const Op& op, std::span<const TensorType> in) {
   if (op.kind == OpKind::input) return {};
   Work w;
   w.bytes = static_cast<double>(op.type.bytes());
-  for (const auto& t : in) w.bytes += static_cast<double>(t.bytes());
+  // A slice reads only the elements it keeps (unit strides: whole runs of the last dim), not its operand.
+  if (op.kind == OpKind::slice) w.bytes *= 2;
+  else
+    for (const auto& t : in) w.bytes += static_cast<double>(t.bytes());
   // scatter_add adds each update row into the table: one add per update element.
   if (op.kind == OpKind::scatter_add) w.flops = static_cast<double>(in[1].elements());
   if (op.kind == OpKind::add_n) w.flops = static_cast<double>(op.type.elements()) * static_cast<double>(in.size() - 1);

@@ -142,9 +142,8 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
         r.communication_seconds += t.seconds;
         r.wire_bytes += t.wire_bytes;
       } else {
-        // A local op, or an all_slice: a local copy of this device's tile, costed as a slice.
-        Work w = s.collective ? Work{0, static_cast<double>(operand_types.at(0).bytes() + s.op.type.bytes())}
-                              : local_work(s.op, operand_types);
+        // A local op, or an all_slice: a local copy of this device's tile, costed as a slice (it reads the tile).
+        Work w = s.collective ? Work{0, 2 * static_cast<double>(s.op.type.bytes())} : local_work(s.op, operand_types);
         // A fused elementwise chain is one pass over memory: its inner ops only compute (no dispatch, no
         // buffer), its root reads the group's inputs once and writes its result and side outputs.
         if (const FusionGroup* g = fusion.group_at(v)) {
