@@ -459,8 +459,8 @@ TEST_CASE("bucketing: all_gathers along any dim, each member getting its whole r
 TEST_CASE("early collectives: each moves up to its operand, within the prefetch budget; results bitwise the same") {
   const Program step = mlp_step(16, {8, 32, 8, 32, 8}, true);
   const NamedArrays state = init_inputs(step, 8, true);
-  auto same_outputs = [&](const SpmdProgram& a, const SpmdProgram& b) {
-    const auto x = execute_on_threads(a, state), y = execute_on_threads(b, state);
+  auto same_outputs = [](const SpmdProgram& a, const SpmdProgram& b, const NamedArrays& inputs) {
+    const auto x = execute_on_threads(a, inputs), y = execute_on_threads(b, inputs);
     for (std::size_t d = 0; d < x.size(); ++d)
       for (const auto& [name, array] : x[d].outputs) CHECK_MESSAGE(array == y[d].outputs.at(name), name);
   };
@@ -503,8 +503,8 @@ TEST_CASE("early collectives: each moves up to its operand, within the prefetch 
                         unbounded = lower(plan, {.prefetch_bytes = std::int64_t{1} << 40});
       CHECK(as_early_as_allowed(early, late, true));
       CHECK(as_early_as_allowed(unbounded, late));  // ZeRO-2's new parameters gathered right after their update
-      same_outputs(late, early);
-      same_outputs(late, unbounded);
+      same_outputs(late, early, state);
+      same_outputs(late, unbounded, state);
     }
   }
   SUBCASE("ZeRO-2 under SGD: a later layer's update and all_gather run during the earlier layers' backward") {
@@ -517,10 +517,7 @@ TEST_CASE("early collectives: each moves up to its operand, within the prefetch 
       if (early.op(v).op.kind == OpKind::dot_general) last_gemm = v;
     for (const auto& o : early.outputs())
       if (o.name == "params/mlp/w4") CHECK_MESSAGE(o.value < last_gemm, to_string(early));
-    const NamedArrays sgd_state = init_inputs(sgd, 8, true);
-    const auto x = execute_on_threads(late, sgd_state), y = execute_on_threads(early, sgd_state);
-    for (std::size_t d = 0; d < x.size(); ++d)
-      for (const auto& [name, array] : x[d].outputs) CHECK_MESSAGE(array == y[d].outputs.at(name), name);
+    same_outputs(late, early, init_inputs(sgd, 8, true));
   }
   SUBCASE("ZeRO-3: parameter all_gathers run ahead within the budget: one ahead by default") {
     const Partitioned plan = partition(step, Mesh{{"batch", 4}}, {bp("batch"), zero3("batch")});
@@ -536,9 +533,9 @@ TEST_CASE("early collectives: each moves up to its operand, within the prefetch 
     CHECK(peak(one) <= peak(none) + largest);
     CHECK(peak(all) > peak(one));  // each pass's gathers all at its start
     CHECK(as_early_as_allowed(all, late));
-    same_outputs(late, none);
-    same_outputs(late, one);
-    same_outputs(late, all);
+    same_outputs(late, none, state);
+    same_outputs(late, one, state);
+    same_outputs(late, all, state);
   }
   SUBCASE("a pipelined program keeps its order") {
     const nn::Mlp model{"params/mlp", {8, 16, 8}};
