@@ -6,7 +6,7 @@
 #include <partir/dsl/transformer.hpp>
 #include <partir/sim/simulator.hpp>
 #include <partir/spmd/lower.hpp>
-#include <partir/tactics/automatic.hpp>
+#include <partir/search/automatic.hpp>
 #include <partir/tactics/partition.hpp>
 #include <partir/tactics/presets.hpp>
 

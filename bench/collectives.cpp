@@ -18,17 +18,17 @@
 //   build/bench/collectives --backend nccl -o all          (one thread per GPU; under mpirun: one rank per GPU)
 // With --backend nccl the timed calls run on device buffers; the checked call goes through host buffers,
 // which the NCCL communicator stages through the device.
-#include <partir/runtime/threads.hpp>
-#include <partir/sim/calibrate.hpp>
-#include <partir/sim/machine_profile.hpp>
+#include <partir/runtime/comm/threads.hpp>
+#include <partir/calibrate/calibrate.hpp>
+#include <partir/calibrate/machine_profile.hpp>
 #include <partir/sim/json.hpp>
 #ifdef PARTIR_BENCH_MPI
-#include <partir/runtime/mpi.hpp>
+#include <partir/runtime/comm/mpi.hpp>
 #endif
 #ifdef PARTIR_BENCH_NCCL
-#include <partir/runtime/nccl.hpp>
+#include <partir/runtime/comm/nccl.hpp>
 #ifdef PARTIR_BENCH_MPI
-#include <partir/runtime/nccl_mpi.hpp>
+#include <partir/runtime/comm/nccl_mpi.hpp>
 #endif
 #endif
 

@@ -17,6 +17,14 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 printf '#include <partir/partir.hpp>\nint main() {}\n' > "$work/include_only.cpp"
+# A tool that partitions and prints plans, no lowering or simulation: presets no longer pull in the search.
+printf '#include <partir/tactics/partition.hpp>\n#include <partir/tactics/presets.hpp>\n#include <partir/dsl/nn.hpp>
+#include <partir/autodiff/train_step.hpp>\n#include <iostream>\nint main() {
+  partir::nn::Mlp m{"params/mlp", {8, 16, 8}};
+  auto step = partir::train_step([&](partir::Tensor x, partir::Tensor y) { return partir::mse(m(x), y); },
+                                 partir::Adam{1e-3}, {{"x", {4, 8}}, {"y", {4, 8}}});
+  std::cout << partir::partition(step, partir::Mesh{{"batch", 2}}, {partir::data_parallel("batch"), partir::zero3("batch")}).program().name();
+}\n' > "$work/presets_only.cpp"
 seconds() {  # compile once into $work/$1, print the wall time
   out=$1
   shift
@@ -39,6 +47,7 @@ row "separate: include partir.hpp, empty main, -O0" "$(seconds a.o $sep -O0 "$wo
 row "separate: small user program (consumer.cpp), -O2" "$(seconds consumer.o $sep -O2 tests/consumer/consumer.cpp)"
 row "separate: small user program (consumer.cpp), -O0" "$(seconds a.o $sep -O0 tests/consumer/consumer.cpp)"
 row "  of it parsing and instantiation" "$(seconds a.o $sep -fsyntax-only tests/consumer/consumer.cpp)"
+row "separate: presets + partition only (no simulate), -O0" "$(seconds a.o $sep -O0 "$work/presets_only.cpp")"
 $cxx "$work/consumer.o" "$work/kernels.o" $libs -o "$work/consumer"
 "$work/consumer" > "$work/run.log"
 echo "separate: consumer linked with libpartir ran: $(tail -1 "$work/run.log")"

@@ -10,7 +10,7 @@
 // usage: mixed_precision [reps]        mpirun -np 2 mixed_precision [reps] --mpi
 #include <partir/partir.hpp>
 #ifdef PARTIR_BENCH_MPI
-#include <partir/runtime/mpi.hpp>
+#include <partir/runtime/comm/mpi.hpp>
 #endif
 
 #include <algorithm>

@@ -4,7 +4,7 @@
 //   simulator_accuracy [--backend threads|mpi] [--devices 2,4] [--batch 256] [--sizes 1024,4096,1024]
 //                      [--reps 5] [--profile calibrate|cpu|file.json] [--json out.json] [--trace-dir dir]
 // threads: every device count in --devices, one process; mpi: the world size (mpirun -np 2 ...).
-// --profile calibrate (the default) measures this machine first with the same devices (sim/calibrate.hpp).
+// --profile calibrate (the default) measures this machine first with the same devices (calibrate/calibrate.hpp).
 // Measured time: the slowest device's execute() per step, the best of --reps steps (calibration also keeps
 // its best rounds: on a shared machine other work only ever adds time); measured memory: the executor's peak
 // (each device is given only its own piece of every input). Steps run as a training loop runs them
@@ -14,9 +14,9 @@
 // --trace-dir: per configuration, the simulated timeline (<N>-<strategy>.sim.json) and each device's measured
 // one (<N>-<strategy>.measured.<device>.json) as Chrome trace JSON, to open side by side in ui.perfetto.dev.
 #include <partir/partir.hpp>
-#include <partir/sim/trace.hpp>
+#include <partir/calibrate/trace.hpp>
 #ifdef PARTIR_BENCH_MPI
-#include <partir/runtime/mpi.hpp>
+#include <partir/runtime/comm/mpi.hpp>
 #endif
 
 #include <algorithm>

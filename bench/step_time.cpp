@@ -17,7 +17,7 @@
 // usage: step_time [reps]        mpirun -np 2 step_time [reps] --mpi
 #include <partir/partir.hpp>
 #ifdef PARTIR_BENCH_MPI
-#include <partir/runtime/mpi.hpp>
+#include <partir/runtime/comm/mpi.hpp>
 #endif
 
 // GCC 12 warns falsely about its own AVX-512 intrinsics once inlined into Eigen's kernels (GCC PR105593), as
@@ -123,11 +123,10 @@ double spmd_step_ms(C& comm, const p::SpmdProgram& spmd, const p::NamedArrays& g
   for (const auto& b : spmd.inputs())
     local[b.name] = p::layout::shard(global.at(b.name), b.sharding, spmd.mesh(), comm.device());
   p::DeviceResult last;
+  const p::ExecutionPlan plan = p::ExecutionPlan::borrowing(spmd, {.overlap = streamed});
   const double ms = median_ms(reps, [&] {
     comm.barrier();
-    last = p::execute(spmd, comm, local,
-                      {.global_inputs = false, .global_outputs = false, .timeline = timeline != nullptr,
-                       .async_collectives = streamed});
+    last = p::execute(plan, comm, local, {.global_inputs = false, .global_outputs = false, .timeline = timeline != nullptr});
     comm.barrier();
   });
   if (timeline) *timeline = std::move(last.timeline);

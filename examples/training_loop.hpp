@@ -3,15 +3,16 @@
 // own communicator, holds only its shards of the parameters and optimizer state, feeds its piece of each
 // global batch, and carries the updated shards to the next step. Device 0 prints and writes the report.
 #include <partir/partir.hpp>
-#include <partir/runtime/checkpoint.hpp>
+#include <partir/runtime/state/checkpoint.hpp>
 #include <partir/sim/json.hpp>
 #ifdef PARTIR_EXAMPLES_MPI
-#include <partir/runtime/mpi.hpp>
+#include <partir/runtime/comm/mpi.hpp>
 #endif
 #ifdef PARTIR_EXAMPLES_NCCL  // Executable::step then runs nccl::Communicator programs on the GPU executor
 #include <partir/runtime/gpu/executor.hpp>
+#include <partir/calibrate/gpu_profile.hpp>
 #ifdef PARTIR_EXAMPLES_MPI
-#include <partir/runtime/nccl_mpi.hpp>
+#include <partir/runtime/comm/nccl_mpi.hpp>
 #endif
 #endif
 

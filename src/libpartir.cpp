@@ -5,6 +5,6 @@
 #include "partir/partir.hpp"
 
 namespace partir {
-template DeviceResult execute(const SpmdProgram&, threads::Communicator&, const NamedArrays&, ExecuteOptions);
+template DeviceResult execute(const ExecutionPlan&, threads::Communicator&, const NamedArrays&, const ExecuteOptions&);
 template class Executable<threads::Communicator>;
 }  // namespace partir

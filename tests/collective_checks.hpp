@@ -2,7 +2,7 @@
 // Checks every collective of a Communicator against values computed locally, on a 2x2 device grid
 // (groups: rows, columns, all). Shared by the threads test and the mpirun test so both backends are held
 // to the same expectations. Returns the number of wrong elements.
-#include <partir/runtime/communicator.hpp>
+#include <partir/runtime/comm/communicator.hpp>
 
 #include <cstdint>
 #include <vector>

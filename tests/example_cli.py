@@ -40,7 +40,7 @@ expect(run(mlp, "--backend", "gpu", code=2), r"^error: --backend: gpu not in \{t
 expect(run(mlp, "--lr", "fast", code=2), r"^error: --lr: expected a number, got 'fast'", "number")
 expect(run(mlp, "--steps", code=2), r"^error: --steps: 1 required", "missing value")
 expect(run(mlp, "--prefetch-mb", "-2", code=2), r"^error: --prefetch-mb: Value -2 not in range", "prefetch range")
-# A bad $PARTIR_ASYNC (runtime/comm_stream.hpp) names the variable and what it takes.
+# A bad $PARTIR_ASYNC (runtime/comm/comm_stream.hpp) names the variable and what it takes.
 bad = subprocess.run([mlp, "--steps", "1"], capture_output=True, text=True, timeout=240, env=dict(env, PARTIR_ASYNC="yes"))
 expect(bad.stdout + bad.stderr if bad.returncode != 0 else "", r"PARTIR_ASYNC: expected 0 \(collectives inline\), 1 "
        r"\(streamed from 256 KiB\) or all \(every collective streamed\), got 'yes'", "bad PARTIR_ASYNC")

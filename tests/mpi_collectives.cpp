@@ -1,6 +1,6 @@
 // Run under mpirun -np 4: every collective of the MPI backend against locally computed expectations.
-#include <partir/runtime/mpi.hpp>
-#include <partir/sim/calibrate.hpp>
+#include <partir/runtime/comm/mpi.hpp>
+#include <partir/calibrate/calibrate.hpp>
 
 #include <cstdio>
 #include <cstring>

@@ -6,7 +6,7 @@
 //                 ranks go on computing with the loss's all_reduce and the gradient reductions handed to their
 //                 communication streams (non-blocking), which wait for rank 2.
 #include <partir/partir.hpp>
-#include <partir/runtime/mpi.hpp>
+#include <partir/runtime/comm/mpi.hpp>
 
 #include <string>
 

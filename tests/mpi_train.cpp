@@ -10,7 +10,7 @@
 // with "bucket" (and "pp"), small all_reduces and reduce_scatters fused into buckets of at most 1 KiB.
 // usage: mpi_train MESH SCHEDULE [PRECISION [RECIPE]]
 #include <partir/partir.hpp>
-#include <partir/runtime/mpi.hpp>
+#include <partir/runtime/comm/mpi.hpp>
 
 #include <cmath>
 #include <cstdio>

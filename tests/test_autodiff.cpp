@@ -10,8 +10,8 @@
 
 #include <partir/autodiff/train_step.hpp>
 #include <partir/dsl/nn.hpp>
-#include <partir/runtime/init.hpp>
-#include <partir/runtime/interpreter.hpp>
+#include <partir/runtime/state/init.hpp>
+#include <partir/runtime/exec/interpreter.hpp>
 
 using namespace partir;
 

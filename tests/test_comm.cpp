@@ -1,8 +1,8 @@
 // Communicator backends: the threads backend on 4 threads, against locally computed expectations.
 #include <doctest/doctest.h>
 
-#include <partir/runtime/comm_stream.hpp>
-#include <partir/runtime/threads.hpp>
+#include <partir/runtime/comm/comm_stream.hpp>
+#include <partir/runtime/comm/threads.hpp>
 
 #include <atomic>
 #include <numeric>

@@ -7,6 +7,7 @@
 
 #include <partir/partir.hpp>
 #include <partir/runtime/gpu/executor.hpp>
+#include <partir/calibrate/gpu_profile.hpp>
 
 #include <cmath>
 #include <cstring>

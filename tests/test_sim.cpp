@@ -4,8 +4,8 @@
 #include <doctest/doctest.h>
 
 #include <partir/partir.hpp>
-#include <partir/runtime/executor.hpp>
-#include <partir/sim/trace.hpp>
+#include <partir/runtime/exec/executor.hpp>
+#include <partir/calibrate/trace.hpp>
 #include <partir/spmd/lower.hpp>
 
 #include <cstdio>
@@ -375,7 +375,7 @@ TEST_CASE("simulate: times by hand on a toy step") {
   CHECK(small.hidden_communication_seconds < 1e-15);  // rounding of compute + communication - step
 }
 
-// The executor runs a chain of elementwise ops as one blocked loop (runtime/kernels/fusion.hpp); so does the cost.
+// The executor runs a chain of elementwise ops as one blocked loop (spmd/fusion.hpp); so does the cost.
 TEST_CASE("simulate: a fused elementwise chain is one pass over memory") {
   const TensorType v{{256}};  // 1 KiB
   SpmdProgram p("chain", Mesh{{"batch", 1}});

@@ -179,6 +179,20 @@ std::map<CollectiveKind, int> count(const SpmdProgram& p, const std::string& axi
   return n;
 }
 
+// A 4-layer MLP's Adam step over 2 microbatches, pipelined over 2 stages (two layers each) with BP inside them.
+Program microbatched_mlp_step() {
+  const nn::Mlp model{"params/mlp", {8, 32, 8, 32, 8}};
+  return train_step([&](Tensor x, Tensor y) { return mse(model(x), y); }, Adam{1e-2}, {{"x", {16, 8}}, {"y", {16, 8}}},
+                    StepOptions{.microbatches = 2});
+}
+Partitioned two_stages_bp(const Program& step) {
+  return partition(step, Mesh{{"stage", 2}, {"batch", 2}},
+                   {pipeline("stage", PipelineSchedule::one_f_one_b,
+                             {{"params/mlp/w1", "params/mlp/b1", "params/mlp/w2", "params/mlp/b2"},
+                              {"params/mlp/w3", "params/mlp/b3", "params/mlp/w4", "params/mlp/b4"}}),
+                    data_parallel("batch")});
+}
+
 }  // namespace
 
 TEST_CASE("lowering: partitioned MLP train steps equal the single-device step") {
@@ -386,14 +400,8 @@ TEST_CASE("bucketing: small all_reduces fuse into buckets that never delay a val
     CHECK(max_error(step, bucketed, 6) < 1e-5);
   }
   SUBCASE("pipeline stages bucket their own gradients") {
-    const nn::Mlp model{"params/mlp", {8, 32, 8, 32, 8}};
-    const Program accumulated = train_step([&](Tensor x, Tensor y) { return mse(model(x), y); }, Adam{1e-2},
-                                           {{"x", {16, 8}}, {"y", {16, 8}}}, StepOptions{.microbatches = 2});
-    const Partitioned pp = partition(accumulated, Mesh{{"stage", 2}, {"batch", 2}},
-                                     {pipeline("stage", PipelineSchedule::one_f_one_b,
-                                               {{"params/mlp/w1", "params/mlp/b1", "params/mlp/w2", "params/mlp/b2"},
-                                                {"params/mlp/w3", "params/mlp/b3", "params/mlp/w4", "params/mlp/b4"}}),
-                                      data_parallel("batch")});
+    const Program accumulated = microbatched_mlp_step();
+    const Partitioned pp = two_stages_bp(accumulated);
     const SpmdProgram bucketed = lower(pp, {.bucket_bytes = 25 << 20});
     std::map<int, int> per_stage;
     for (const auto& c : bucketed.collectives())
@@ -588,9 +596,8 @@ TEST_CASE("async collectives: the communication stream computes what inline coll
                          {"bp,mp,z3", square, {bp("batch"), megatron("model"), zero3("batch")}}}) {
     CAPTURE(label);
     for (const SpmdProgram& spmd : {lower(partition(step, mesh, schedule)), lower(partition(step, mesh, schedule), {.bucket_bytes = 1 << 20})}) {
-      const auto inline_run = execute_on_threads(spmd, state, {.timeline = true, .async_collectives = false});
-      const auto streamed =
-          execute_on_threads(spmd, state, {.timeline = true, .async_collectives = true, .stream_min_bytes = 0});
+      const auto inline_run = execute_on_threads(spmd, state, {.timeline = true}, {.overlap = false});
+      const auto streamed = execute_on_threads(spmd, state, {.timeline = true}, {.overlap = true, .stream_min_bytes = 0});
       for (std::size_t d = 0; d < streamed.size(); ++d) {
         for (const auto& [name, array] : inline_run[d].outputs) CHECK_MESSAGE(array == streamed[d].outputs.at(name), name);
         CHECK(streamed[d].peak_bytes == inline_run[d].peak_bytes);  // counted at last uses, as the simulator does
@@ -623,7 +630,7 @@ TEST_CASE("async collectives: a device that fails while its stream waits in a co
   auto run = [&](threads::Communicator& c) {
     NamedArrays inputs = state;
     if (c.device() == 2) inputs.at("ids") = Array(Shape{8}, std::vector<std::int32_t>(8, 99));
-    execute(spmd, c, inputs, {.async_collectives = true, .stream_min_bytes = 0});
+    execute(spmd, c, inputs, {}, {.overlap = true, .stream_min_bytes = 0});
   };
   CHECK_THROWS_WITH_AS(threads::run(4, run), doctest::Contains("execute train_step (device 2)"), UserError);
 }
@@ -673,6 +680,32 @@ TEST_CASE("lowering: a slice passes a tiled dim whole") {
   const SpmdProgram spmd = lower(partition(p, Mesh{{"batch", 2}}, {ManualPartition{{{"x", 0}}, "batch"}}));
   const Array x({4, 4}, std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15});
   CHECK(execute_on_threads(spmd, {{"x", x}})[1].outputs.at("out") == interpret(p, {{"x", x}}).at("out"));
+}
+
+TEST_CASE("compile: a pipelined Executable cuts its stage programs once, and runs each stage at its predicted peak") {
+  // The ExecutionPlan is made at compile: steps reuse its stage programs and fusion plans. Executor and simulator
+  // free by the same plan, so each device's measured peak is its stage's predicted one.
+  const Program step = microbatched_mlp_step();
+  const Partitioned plan = two_stages_bp(step);
+  NamedArrays all = init_inputs(step, 3, true), batch;
+  for (const char* name : {"x", "y"}) batch[name] = all.at(name);
+  const std::int64_t before = detail::stage_programs_cut();
+  std::int64_t cut_at_compile = 0;
+  std::vector<std::int64_t> measured(4), predicted(4);
+  threads::run(4, [&](threads::Communicator& c) {
+    const Executable<threads::Communicator> exe = compile(plan, c);
+    c.barrier();
+    if (c.device() == 0) cut_at_compile = detail::stage_programs_cut() - before;
+    c.barrier();
+    NamedArrays state = exe.init(3);
+    const auto d = static_cast<std::size_t>(c.device());
+    for (int s = 0; s < 3; ++s) measured[d] = exe.step(state, batch).peak_bytes;
+    const Report r = simulate(exe.plan(), HardwareProfile::cpu());
+    predicted[d] = r.stages.at(static_cast<std::size_t>(exe.spmd().stage_of(c.device()))).peak_bytes;
+  });
+  CHECK(cut_at_compile == 4 * 2);  // each device's plan cuts both stages, once
+  CHECK(detail::stage_programs_cut() - before == cut_at_compile);  // and no step or simulation cuts again
+  CHECK(measured == predicted);
 }
 
 TEST_CASE("compile: an Executable's steps and carried state equal the single-device step, on every device") {

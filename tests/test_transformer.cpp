@@ -5,7 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <partir/partir.hpp>
-#include <partir/sim/trace.hpp>
+#include <partir/calibrate/trace.hpp>
 
 #include <algorithm>
 #include <cmath>

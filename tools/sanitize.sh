@@ -10,7 +10,7 @@ which=${1:-all}
 common="-Dexamples=false -Dbench=false -Dmpi=disabled -Dnccl=disabled"
 # The fuzzer runs fewer cases here: the sanitizers make each case ~10x slower.
 export PARTIR_FUZZ_CASES=${PARTIR_FUZZ_CASES:-200}
-# Every collective on the communication stream (runtime/comm_stream.hpp), so the sanitizers see its threads.
+# Every collective on the communication stream (runtime/comm/comm_stream.hpp), so the sanitizers see its threads.
 export PARTIR_ASYNC=${PARTIR_ASYNC:-all}
 
 run() {  # run DIR SANITIZER MESON_OPTION TESTS...

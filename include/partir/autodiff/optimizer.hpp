@@ -8,7 +8,7 @@
 
 #include "partir/dsl/functional.hpp"
 #include "partir/ir/printer.hpp"
-#include "partir/tactics/selector.hpp"
+#include "partir/ir/selector.hpp"
 
 namespace partir {
 

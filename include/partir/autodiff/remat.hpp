@@ -38,7 +38,7 @@
 
 #include "partir/config.hpp"
 #include "partir/ir/program.hpp"
-#include "partir/tactics/selector.hpp"
+#include "partir/ir/selector.hpp"
 
 namespace partir {
 

@@ -3,7 +3,7 @@
 // roofline (peak FLOP/s per dtype, memory bandwidth, a fixed cost per op); communication is alpha-beta
 // (latency per message, seconds per byte) chosen per mesh axis, collective kind and group size by rules,
 // the most specific matching rule winning. Profiles are values: built in (this CPU class, A100/H100/H200
-// NVLink from public specs), calibrated on the real machine (sim/calibrate.hpp), saved and loaded as JSON.
+// NVLink from public specs), calibrated on the real machine (calibrate/calibrate.hpp), saved and loaded as JSON.
 #include <algorithm>
 #include <charconv>
 #include <cmath>

@@ -12,24 +12,10 @@
 
 #include "partir/config.hpp"
 #include "partir/sim/json_value.hpp"
+#include "partir/spmd/memory_kind.hpp"
 #include "partir/spmd/spmd_program.hpp"
 
 namespace partir {
-
-// What a resident buffer holds. Inputs by their InputKind; an output that updates an input takes that
-// input's kind (new parameters, new optimizer state); a parameter's cast to another dtype (a mixed-precision
-// policy's 16-bit copy of its master weights) is a parameter copy; a collective's result is a collective
-// buffer; other intermediates are activations when some plain output (the loss) depends on them, else
-// gradients (the backward pass and the optimizer's arithmetic).
-enum class MemoryKind : std::uint8_t {
-  parameters, parameter_copies, optimizer_state, data, activations, gradients, collective_buffers, count_
-};
-
-inline std::string_view name_of(MemoryKind k) {
-  static constexpr std::array<std::string_view, 7> names{"parameters", "parameter_copies", "optimizer_state", "data",
-                                                         "activations", "gradients", "collective_buffers"};
-  return names[static_cast<std::size_t>(k)];
-}
 
 struct MemoryBreakdown {
   std::array<std::int64_t, static_cast<std::size_t>(MemoryKind::count_)> bytes{};

@@ -1,60 +1,21 @@
 #pragma once
-// simulate(spmd, profile): walks the per-device program in order, costs each local op with the roofline
+// simulate(plan, profile): walks the per-device program of an ExecutionPlan in order, costs each local op with the roofline
 // and each collective with its ring formula (sim/cost_model.hpp), and replays buffer liveness exactly as
-// the executor accounts it: inputs resident for the whole step (donated state until its last use), an
+// the executor accounts it, from the plan's own frees: inputs resident for the whole step (donated state until its last use), an
 // intermediate from its op to its last use (an op's operands and result count together), outputs to the end.
 //
-// Time runs on two streams per device, as the executor runs the program (runtime/comm_stream.hpp): local ops
+// Time runs on two streams per device, as the executor runs the program (runtime/comm/comm_stream.hpp): local ops
 // in program order on the compute stream, each starting when its operands are ready; collectives in program
 // order on the communication stream, each starting once the compute stream has issued it and its operand is
 // ready (a small one while that stream is idle: inline, on the compute stream). With overlap off (or in a
 // pipelined program) one stream runs everything in order.
 #include "partir/config.hpp"
-#include "partir/runtime/comm_stream.hpp"
 #include "partir/sim/cost_model.hpp"
 #include "partir/sim/report.hpp"
-#include "partir/runtime/kernels/fusion.hpp"
+#include "partir/spmd/execution_plan.hpp"
 
 namespace partir {
 
-namespace detail {
-
-// The MemoryKind of every value (see MemoryKind).
-inline std::vector<MemoryKind> memory_kinds(const SpmdProgram& p) {
-  const auto n = static_cast<std::size_t>(p.size());
-  auto kind_of_input = [](InputKind k) {
-    switch (k) {
-      case InputKind::parameter: return MemoryKind::parameters;
-      case InputKind::optimizer_state: return MemoryKind::optimizer_state;
-      case InputKind::data: return MemoryKind::data;
-    }
-    return MemoryKind::data;
-  };
-  std::vector<MemoryKind> kinds(n, MemoryKind::gradients);
-  // Values some plain output depends on: the forward pass.
-  std::vector<bool> forward(n, false);
-  for (const auto& o : p.outputs())
-    if (o.updates.empty()) forward[static_cast<std::size_t>(o.value)] = true;
-  for (auto v = n; v-- > 0;)
-    if (forward[v])
-      for (auto operand : p.op(static_cast<ValueId>(v)).op.operands) forward[static_cast<std::size_t>(operand)] = true;
-  for (std::size_t v = 0; v < n; ++v) {
-    const SpmdOp& s = p.op(static_cast<ValueId>(v));
-    if (is_program_input(s)) kinds[v] = kind_of_input(s.op.attrs.input_kind);
-    else if (s.collective) kinds[v] = MemoryKind::collective_buffers;
-    else if (s.op.kind == OpKind::convert && kinds[static_cast<std::size_t>(s.op.operands[0])] == MemoryKind::parameters)
-      kinds[v] = MemoryKind::parameter_copies;
-    else if (forward[v]) kinds[v] = MemoryKind::activations;
-  }
-  for (const auto& o : p.outputs()) {
-    if (o.updates.empty() || is_program_input(p.op(o.value))) continue;
-    for (const auto& in : p.inputs())
-      if (in.name == o.updates) kinds[static_cast<std::size_t>(o.value)] = kinds[static_cast<std::size_t>(in.value)];
-  }
-  return kinds;
-}
-
-}  // namespace detail
 
 // How timelines (simulated and measured) name an op: what it does, "dot_general" or "all_reduce{batch}", and
 // which value it makes, its name or tag else %id.
@@ -66,26 +27,21 @@ inline std::string timeline_label(const SpmdOp& s, ValueId v) {
   return s.op.name.empty() ? "%" + std::to_string(v) : s.op.name;
 }
 
-struct SimulateOptions {
-  // Communication on its own stream, overlapping compute (as ExecuteOptions::async_collectives runs it), for
-  // collectives of stream_min_bytes or more and those issued while the stream is busy.
-  bool overlap = async_collectives_enabled();
-  std::int64_t stream_min_bytes = partir::stream_min_bytes();
-  // The step consumes the state its outputs replace (ExecuteOptions::donate, as Executable::step runs it): each
-  // such input is freed after its last use instead of held to the end.
-  bool donate_state = false;
-  friend bool operator==(const SimulateOptions&, const SimulateOptions&) = default;
-};
+// How the plan is made (overlap, stream_min_bytes, donate_state): the executor's choices to simulate.
+using SimulateOptions = PlanOptions;
 
 // What one device's step costs (in a pipelined program: the step of all stages together; Report::stages has
 // each stage's).
-PARTIR_ENTRY Report simulate(const SpmdProgram& p, const HardwareProfile& hw, const SimulateOptions& options = {});
+PARTIR_ENTRY Report simulate(const ExecutionPlan& plan, const HardwareProfile& hw);
+inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw, const SimulateOptions& options = {}) {
+  return simulate(ExecutionPlan::borrowing(p, options), hw);
+}
 
 #if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
-inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bool overlap, std::int64_t min_bytes,
-                             bool donate) {
+inline Report simulate_stage(const StagePlan& plan, const HardwareProfile& hw) {
+  const SpmdProgram& p = *plan.program;
   const Mesh& mesh = p.mesh();
   Report r;
   r.program = p.name();
@@ -93,17 +49,17 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
   r.mesh = mesh;
   r.memory_capacity = hw.memory_capacity;
 
-  const auto kinds = detail::memory_kinds(p);
+  const auto& kinds = plan.kinds;
   MemoryBreakdown resident;
   for (const auto& b : p.inputs()) resident[kinds[static_cast<std::size_t>(b.value)]] += p.type(b.value).bytes();
   r.inputs = r.peak = resident;
   r.peak_bytes = resident.total();
-  // Memory as the executor runs it: fused elementwise chains (runtime/kernels/fusion.hpp) never hold their inner
+  // Memory as the executor runs it: fused elementwise chains (spmd/fusion.hpp) never hold their inner
   // values, and a group's inputs live until its root.
-  const FusionPlan fusion = plan_fusion(p);
-  const auto& frees = fusion.last_uses();
-  const std::vector<bool> donated =
-      donate ? updated_inputs(p) : std::vector<bool>(static_cast<std::size_t>(p.size()), false);
+  const FusionPlan& fusion = plan.fusion;
+  const auto& frees = plan.frees();
+  const auto& donated = plan.donated;
+  const bool overlap = plan.overlap;
 
   // Reuse distances: the bytes this device touched so far, and when it last touched each value. A program
   // input was last touched a step ago (a step reads its parameters once): the step's whole traffic before.
@@ -174,7 +130,7 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
       if (!overlap) {
         t.start = compute_clock;
         compute_clock += t.seconds;
-      } else if (t.communication && (communication_clock > compute_clock || t.bytes >= static_cast<double>(min_bytes))) {
+      } else if (plan.streamed(v, /*stream_busy=*/communication_clock > compute_clock)) {
         // streamed: issued once the compute stream reaches it; the compute stream pays what it cannot overlap
         t.start = std::max({communication_clock, compute_clock, operands_ready});
         communication_clock = t.start + t.seconds;
@@ -219,18 +175,15 @@ inline Report simulate_stage(const SpmdProgram& p, const HardwareProfile& hw, bo
 
 // A pipelined step: each stage simulated alone, then replayed in the program's order on one clock per stage,
 // where a send's data arrives one link hop after the sender's clock and a recv waits until it has.
-inline Report simulate_pipeline(const SpmdProgram& p, const HardwareProfile& hw, bool donate) {
+inline Report simulate_pipeline(const ExecutionPlan& plan, const HardwareProfile& hw) {
+  const SpmdProgram& p = plan.program();
   const int stages = p.pipeline()->stages;
   std::vector<Report> alone;
-  std::vector<std::vector<ValueId>> ids(static_cast<std::size_t>(stages));
   std::vector<std::pair<int, const TimedOp*>> timed(static_cast<std::size_t>(p.size()), {-1, nullptr});
-  for (int s = 0; s < stages; ++s) {
-    alone.push_back(
-        simulate_stage(stage_program(p, s, &ids[static_cast<std::size_t>(s)]), hw, /*overlap=*/false, 0, donate));
-  }
-  for (int s = 0; s < stages; ++s)
-    for (const auto& t : alone[static_cast<std::size_t>(s)].timeline)
-      timed[static_cast<std::size_t>(ids[static_cast<std::size_t>(s)][static_cast<std::size_t>(t.value)])] = {s, &t};
+  for (const StagePlan& stage : plan.stages()) alone.push_back(simulate_stage(stage, hw));
+  for (const StagePlan& stage : plan.stages())
+    for (const auto& t : alone[static_cast<std::size_t>(stage.stage)].timeline)
+      timed[static_cast<std::size_t>(stage.original(t.value))] = {stage.stage, &t};
 
   Report r;
   r.program = p.name();
@@ -277,7 +230,7 @@ inline Report simulate_pipeline(const SpmdProgram& p, const HardwareProfile& hw,
       r.peak_bytes = a.peak_bytes;
       r.peak = a.peak;
       r.inputs = a.inputs;
-      r.peak_at = a.peak_at >= 0 ? ids[static_cast<std::size_t>(s)][static_cast<std::size_t>(a.peak_at)] : -1;
+      r.peak_at = a.peak_at >= 0 ? plan.stages()[static_cast<std::size_t>(s)].original(a.peak_at) : -1;
     }
   }
   // Per device: the whole step's work is spread over the stages.
@@ -292,10 +245,8 @@ inline Report simulate_pipeline(const SpmdProgram& p, const HardwareProfile& hw,
 
 }  // namespace detail
 
-PARTIR_ENTRY Report simulate(const SpmdProgram& p, const HardwareProfile& hw, const SimulateOptions& options) {
-  // The executor runs a pipelined program's stages without a communication stream (ExecuteOptions).
-  return p.pipeline() ? detail::simulate_pipeline(p, hw, options.donate_state)
-                      : detail::simulate_stage(p, hw, options.overlap, options.stream_min_bytes, options.donate_state);
+PARTIR_ENTRY Report simulate(const ExecutionPlan& plan, const HardwareProfile& hw) {
+  return plan.program().pipeline() ? detail::simulate_pipeline(plan, hw) : detail::simulate_stage(plan.stages().front(), hw);
 }
 #endif
 

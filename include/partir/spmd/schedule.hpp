@@ -1,6 +1,6 @@
 #pragma once
 // Collectives scheduled for overlap: each moves up to just after what its operand needs, so that the executor's
-// communication stream (runtime/comm_stream.hpp) runs it while the ops that used to come first compute: a
+// communication stream (runtime/comm/comm_stream.hpp) runs it while the ops that used to come first compute: a
 // gradient reduction starts as soon as backward has made the gradient (as DDP launches a bucket), a ZeRO-3
 // parameter all_gather runs ahead of the layer that uses it (FSDP's prefetch). A collective moves with the local
 // ops that only feed it (an optimizer's scaling of a gradient that lowering keeps a partial sum until the

@@ -2,6 +2,7 @@
 // SpmdProgram: the one program every device runs. Values have per-device (local) types; communication is
 // explicit, as collectives over the group of devices that differ along some mesh axes. Each collective
 // carries its bytes and the reason it exists (provenance), so a plan can be read, simulated and explained.
+#include <atomic>
 #include <map>
 #include <optional>
 #include <string>
@@ -219,7 +220,16 @@ inline SpmdProgram without_dead_ops(const SpmdProgram& p) {
 // renumbered; a recv keeps no operand (its send runs elsewhere) and a send's result holds nothing. Outputs
 // are those this stage holds, a received copy standing for a value made on another stage. `ids`, if given,
 // receives the pipelined program's id of each op. A program without a pipeline is its own stage 0.
+namespace detail {
+// How many stage programs this process has cut: an ExecutionPlan cuts each stage once, never per step.
+inline std::atomic<std::int64_t>& stage_programs_cut() {
+  static std::atomic<std::int64_t> count{0};
+  return count;
+}
+}  // namespace detail
+
 inline SpmdProgram stage_program(const SpmdProgram& p, int stage, std::vector<ValueId>* ids = nullptr) {
+  ++detail::stage_programs_cut();
   SpmdProgram out(p.name(), p.mesh());
   std::vector<ValueId> local(static_cast<std::size_t>(p.size()), -1);
   std::map<ValueId, ValueId> received;  // value sent from another stage -> its recv here

@@ -4,7 +4,7 @@
 //   Replicate{"params/**", "model"}                           keeps an axis off the selected values for good
 // A selector that matches nothing, an axis the mesh lacks, a dim out of range (negative dims count from the
 // end) or not divisible by the axis is a UserError naming the tactic.
-#include "partir/tactics/selector.hpp"
+#include "partir/ir/selector.hpp"
 #include "partir/tactics/tactic.hpp"
 
 namespace partir {

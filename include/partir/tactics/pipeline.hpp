@@ -21,7 +21,7 @@
 #include <climits>
 #include <set>
 
-#include "partir/tactics/selector.hpp"
+#include "partir/ir/selector.hpp"
 #include "partir/sharding/propagate.hpp"
 
 namespace partir {

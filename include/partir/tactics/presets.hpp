@@ -26,10 +26,9 @@
 // Preconditions: BP needs data inputs; MP and MQ need parameters named as above; Z2/Z3 need a training step
 // (Z2 with any optimizer: without state it shards only the update) and a dim of each tensor divisible by the
 // axis; EMB needs a table. A preset that finds nothing to act on is a UserError naming it.
-#include "partir/tactics/automatic.hpp"
 #include "partir/tactics/manual.hpp"
 #include "partir/tactics/pipeline.hpp"
-#include "partir/tactics/selector.hpp"
+#include "partir/ir/selector.hpp"
 #include "partir/tactics/tactic.hpp"
 
 namespace partir {
@@ -89,13 +88,6 @@ inline ManualPartition embedding(std::string axis, std::int64_t dim = 0) {
 }
 inline MultiQuery multi_query(std::string axis) { return {std::move(axis)}; }
 inline ExpertParallel expert_parallel(std::string axis) { return {std::move(axis)}; }
-
-// "bp,mp,z3" with BP and ZeRO on `batch_axis`, MP, EMB and MQ on `model_axis`, EP on `expert_axis`, SP on
-// `spatial_axis` and PP (1F1B; pp:gpipe for GPipe) on `stage_axis` (the examples' --schedule flag). "auto:<axis>" (or "auto", on `model_axis`) is an AutomaticPartition with default settings whose
-// `report` is set, so a caller can print what it chose.
-PARTIR_ENTRY Schedule parse_schedule(std::string_view text, const std::string& batch_axis = "batch",
-                               const std::string& model_axis = "model", const std::string& stage_axis = "stage",
-                               const std::string& expert_axis = "expert", const std::string& spatial_axis = "space");
 
 #if PARTIR_DEFINE_ENTRIES
 namespace detail {
@@ -231,37 +223,6 @@ PARTIR_ENTRY void MultiQuery::apply(PartitionState& s) const {
     for (ValueId v : names.select(selector)) s.tile(v, dim < 0 ? s.program().type(v).rank() + dim : dim, a);
 }
 
-PARTIR_ENTRY Schedule parse_schedule(std::string_view text, const std::string& batch_axis,
-                               const std::string& model_axis, const std::string& stage_axis,
-                               const std::string& expert_axis, const std::string& spatial_axis) {
-  Schedule out;
-  std::size_t start = 0;
-  while (start < text.size()) {
-    const auto end = std::min(text.find(',', start), text.size());
-    const auto item = text.substr(start, end - start);
-    if (item == "bp") out.push_back(data_parallel(batch_axis));
-    else if (item == "mp") out.push_back(megatron(model_axis));
-    else if (item == "z2") out.push_back(zero2(batch_axis));
-    else if (item == "z3") out.push_back(zero3(batch_axis));
-    else if (item == "emb") out.push_back(embedding(model_axis));
-    else if (item == "pp" || item == "pp:1f1b") out.push_back(pipeline(stage_axis));
-    else if (item == "pp:gpipe") out.push_back(pipeline(stage_axis, PipelineSchedule::gpipe));
-    else if (item == "mq") out.push_back(multi_query(model_axis));
-    else if (item == "ep") out.push_back(expert_parallel(expert_axis));
-    else if (item == "sp") out.push_back(spatial(spatial_axis));
-    else if (item == "auto" || item.starts_with("auto:")) {
-      const std::string axis = item == "auto" ? model_axis : std::string(item.substr(5));
-      if (axis.empty()) user_error("schedule '" + std::string(text) + "': 'auto:' needs an axis, as in auto:model");
-      out.push_back(AutomaticPartition{{axis}, Objective::step_time, 0, {}, HardwareProfile::cpu(), {},
-                                       std::make_shared<SearchReport>()});
-    }
-    else if (item != "none")
-      user_error("schedule '" + std::string(text) + "': unknown tactic '" + std::string(item) +
-                 "' (expected none, bp, mp, z2, z3, emb, mq, ep, sp, pp, pp:gpipe, auto:<axis>)");
-    start = end + 1;
-  }
-  return out;
-}
 #endif
 
 }  // namespace partir

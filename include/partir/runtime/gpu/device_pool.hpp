@@ -8,7 +8,7 @@
 // communicator's one stream: a block given back while work that uses it is still queued is only reused by
 // work queued after it on the same stream, so reuse needs no synchronization.
 //
-// plan_pool() replays a program's allocations against a pool with a counting allocator (no memory): the
+// plan_pool() replays a plan's allocations against a pool with a counting allocator (no memory): the
 // blocks a run will hold at its peak, known before the run, so the executor can reserve them up front and
 // say plainly when a program does not fit in the device's free memory.
 #include <cuda_runtime_api.h>
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "partir/runtime/gpu/cuda_error.hpp"
-#include "partir/spmd/spmd_program.hpp"
+#include "partir/spmd/execution_plan.hpp"
 
 namespace partir::gpu {
 
@@ -171,26 +171,23 @@ struct PoolPlan {
   std::int64_t peak_in_use = 0;      // the most bytes (in size classes) in use at once
 };
 
-// The blocks one execution of `p` takes from an empty pool: every input uploaded first and held to the end,
-// each op's result taken before the values that die at that op are given back (the executor's order).
-// The transient scratch of collectives, dot_general and split reductions is not part of the plan; it comes from the pool as it
-// is needed, usually from blocks already cached.
-inline PoolPlan plan_pool(const SpmdProgram& p) {
+// The blocks one execution of a stage's plan takes from an empty pool: every input uploaded first and held to
+// the end, each op's result taken before the values that die at that op (the plan's frees) are given back (the
+// executor's order). The transient scratch of collectives, dot_general and split reductions is not part of the
+// plan; it comes from the pool as it is needed, usually from blocks already cached.
+inline PoolPlan plan_pool(const StagePlan& stage) {
+  const SpmdProgram& p = *stage.program;
   BasicPool<CountingAllocator> pool;
   std::vector<void*> held(static_cast<std::size_t>(p.size()), nullptr);
   for (const auto& b : p.inputs()) {
     auto& slot = held[static_cast<std::size_t>(b.value)];
     if (!slot) slot = pool.take(p.type(b.value).bytes());
   }
-  const auto frees = p.last_uses();
   for (ValueId v = 0; v < p.size(); ++v) {
-    const SpmdOp& s = p.op(v);
-    const bool is_input = s.op.kind == OpKind::input && !s.collective;
-    if (!is_input) held[static_cast<std::size_t>(v)] = pool.take(s.op.type.bytes());
-    for (auto dead : frees[static_cast<std::size_t>(v)]) {
-      const auto& d = p.op(dead);
-      if (d.op.kind == OpKind::input && !d.collective) continue;  // inputs stay to the end
-      pool.give(held[static_cast<std::size_t>(dead)], d.op.type.bytes());
+    if (!detail::is_program_input(p.op(v)) && stage.fusion.runs_at(v)) held[static_cast<std::size_t>(v)] = pool.take(p.type(v).bytes());
+    for (auto dead : stage.frees()[static_cast<std::size_t>(v)]) {
+      if (detail::is_program_input(p.op(dead))) continue;  // inputs stay to the end
+      pool.give(held[static_cast<std::size_t>(dead)], p.type(dead).bytes());
       held[static_cast<std::size_t>(dead)] = nullptr;
     }
   }
@@ -199,6 +196,11 @@ inline PoolPlan plan_pool(const SpmdProgram& p) {
   plan.bytes = pool.bytes_held();  // nothing was released: every block the run made is still held
   plan.peak_in_use = pool.peak_bytes_in_use();
   return plan;
+}
+
+// The plan of the ExecutionPlan the GPU executor makes for p (unfused).
+inline PoolPlan plan_pool(const SpmdProgram& p) {
+  return plan_pool(ExecutionPlan::borrowing(p, {.fuse = false}).stages().front());
 }
 
 }  // namespace partir::gpu

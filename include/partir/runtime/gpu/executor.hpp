@@ -2,7 +2,7 @@
 // Runs one device's share of an SpmdProgram on its GPU: the inputs are copied to device buffers from the
 // caching pool, every op runs as a CUDA kernel or a cuBLAS call, every collective through NCCL, all in
 // order on the communicator's stream; buffers go back to the pool at their last use, and the outputs are
-// copied back to host Arrays. Same inputs, outputs and options as the CPU executor (runtime/executor.hpp),
+// copied back to host Arrays. Same inputs, outputs and options as the CPU executor (runtime/exec/executor.hpp),
 // so `partir::execute(spmd, nccl_communicator, inputs)` picks this one.
 //
 // Link a program that includes this header with the kernels (one .cu file that includes
@@ -13,12 +13,12 @@
 #include <map>
 #include <memory>
 
-#include "partir/runtime/executor.hpp"
+#include "partir/runtime/exec/executable.hpp"
 #include "partir/runtime/gpu/device_pool.hpp"
 #include "partir/runtime/gpu/gemm.hpp"
 #include "partir/runtime/gpu/launch.hpp"
 #include "partir/runtime/gpu/views.hpp"
-#include "partir/runtime/nccl.hpp"
+#include "partir/runtime/comm/nccl.hpp"
 
 namespace partir::gpu {
 
@@ -282,26 +282,25 @@ class Runner {
 
 }  // namespace detail
 
-inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, const NamedArrays& inputs,
-                            ExecuteOptions options = {}) {
+// Runs an unfused plan (PlanOptions::fuse false: the GPU runs every op by itself), freeing by its frees.
+inline DeviceResult execute(const ExecutionPlan& plan, nccl::Communicator& comm, const NamedArrays& inputs,
+                            const ExecuteOptions& options = {}) {
+  const SpmdProgram& p = plan.program();
   const Mesh& mesh = p.mesh();
   const std::string where = "execute " + p.name() + " (gpu, device " + std::to_string(comm.device()) + ")";
   if (p.pipeline())
     user_error(where + ": the program is pipelined over '" + p.pipeline()->axis +
                "', which the GPU executor does not run yet (its sends would serialize the stages on one stream); "
                "run pipelined programs on the threads or mpi backend");
-  if (mesh.num_devices() != comm.num_devices())
-    user_error(where + ": mesh " + mesh.to_string() + " has " + std::to_string(mesh.num_devices()) +
-               " devices but the communicator has " + std::to_string(comm.num_devices()));
-  for (const auto& [name, array] : inputs) {
-    bool known = false;
-    for (const auto& b : p.inputs()) known |= b.name == name;
-    if (!known) user_error(where + ": no input named '" + name + "'");
-  }
+  if (plan.options().fuse)
+    user_error(where + ": the plan fuses elementwise groups, which the GPU executor runs op by op: make it with "
+               "PlanOptions{.fuse = false}");
+  partir::detail::check_run(p, comm.num_devices(), inputs, where);
+  const StagePlan& stage = plan.stages().front();
   check_cuda(cudaSetDevice(comm.gpu()), "cudaSetDevice");
   Context& ctx = context(comm.gpu());
   if (ctx.reserved_for != &p) {  // first run of this program here: size the pool by its liveness plan
-    ctx.pool.reserve(plan_pool(p).blocks);
+    ctx.pool.reserve(plan_pool(stage).blocks);
     ctx.reserved_for = &p;
   }
   const cudaStream_t stream = comm.stream();
@@ -313,23 +312,16 @@ inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, cons
   DeviceResult result;
   std::int64_t resident = 0;
   for (const auto& b : p.inputs()) {
-    auto it = inputs.find(b.name);
-    if (it == inputs.end()) user_error(where + ": missing input '" + b.name + "'");
-    const TensorType& expect = options.global_inputs ? b.global : p.type(b.value);
-    if (it->second.type() != expect)
-      user_error(where + ": input '" + b.name + "' expects " + to_string(expect) +
-                 (options.global_inputs ? "" : " (local piece)") + ", got " + to_string(it->second.type()));
-    if (options.check_finite) partir::detail::check_finite(where, b.name, it->second);
+    const Array& given = partir::detail::checked_input(p, b, inputs, options, where);
     auto& slot = values[static_cast<std::size_t>(b.value)];
     if (slot.data) continue;  // the same value bound twice
-    slot = options.global_inputs ? run.upload(layout::shard(it->second, b.sharding, mesh, comm.device()))
-                                 : run.upload(it->second);
+    slot = options.global_inputs ? run.upload(layout::shard(given, b.sharding, mesh, comm.device())) : run.upload(given);
     resident += p.type(b.value).bytes();
   }
   std::int64_t peak = resident;
-  const auto frees = p.last_uses();
+  const auto& frees = stage.frees();
   // Donated state (ExecuteOptions::donate): the GPU's copy is freed after its last use; the host's stays.
-  const std::vector<bool> donated = options.donate ? updated_inputs(p) : std::vector<bool>(n, false);
+  const std::vector<bool> donated = options.donate ? stage.donated : std::vector<bool>(n, false);
   // Around the ops (inputs uploaded, outputs not yet downloaded): what the GPU computes, apart from the copies.
   cudaEvent_t ops_start = nullptr, ops_stop = nullptr;
   check_cuda(cudaEventCreate(&ops_start), "cudaEventCreate");
@@ -429,15 +421,29 @@ inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, cons
   return result;
 }
 
+// One run of p: the unfused plan made for it (donating state when options.donate is given).
+inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, const NamedArrays& inputs,
+                            const ExecuteOptions& options = {}) {
+  return execute(ExecutionPlan::borrowing(p, {.donate_state = options.donate != nullptr, .fuse = false}), comm, inputs,
+                 options);
+}
+
 }  // namespace partir::gpu
 
 namespace partir {
 
 // The NCCL backend runs programs on its GPU: preferred by overload resolution over the CPU executor's
-// template for any Communicator.
+// templates for any Communicator.
+inline DeviceResult execute(const ExecutionPlan& plan, nccl::Communicator& comm, const NamedArrays& inputs,
+                            const ExecuteOptions& options = {}) {
+  return gpu::execute(plan, comm, inputs, options);
+}
 inline DeviceResult execute(const SpmdProgram& p, nccl::Communicator& comm, const NamedArrays& inputs,
-                            ExecuteOptions options = {}) {
+                            const ExecuteOptions& options = {}) {
   return gpu::execute(p, comm, inputs, options);
 }
+
+template <>
+inline constexpr bool runs_fused_groups<nccl::Communicator> = false;
 
 }  // namespace partir

@@ -9,7 +9,7 @@
 #include "partir/runtime/gpu/cuda_error.hpp"
 #include "partir/runtime/gpu/launch.hpp"
 #include "partir/runtime/kernels/strides.hpp"
-#include "partir/runtime/layout.hpp"
+#include "partir/runtime/kernels/layout.hpp"
 
 namespace partir::gpu {
 

@@ -8,7 +8,7 @@
 #include "partir/config.hpp"
 #include "partir/ir/op.hpp"
 #include "partir/runtime/kernels/array.hpp"
-#include "partir/runtime/kernels/fusion.hpp"
+#include "partir/spmd/fusion.hpp"
 
 namespace partir {
 

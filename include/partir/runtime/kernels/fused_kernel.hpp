@@ -7,7 +7,7 @@
 #include <span>
 
 #include "partir/runtime/kernels/eval.hpp"
-#include "partir/runtime/kernels/fusion.hpp"
+#include "partir/spmd/fusion.hpp"
 #include "partir/runtime/kernels/kernels.hpp"
 
 namespace partir {

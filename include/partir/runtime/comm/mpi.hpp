@@ -19,9 +19,9 @@
 #include <string_view>
 #include <vector>
 
-#include "partir/runtime/communicator.hpp"
+#include "partir/runtime/comm/communicator.hpp"
 #include "partir/runtime/kernels/kernel_threads.hpp"
-#include "partir/runtime/malloc_policy.hpp"
+#include "partir/runtime/kernels/malloc_policy.hpp"
 
 namespace partir::mpi {
 

@@ -12,7 +12,7 @@
 
 #include "partir/ir/program.hpp"
 #include "partir/runtime/kernels/array.hpp"
-#include "partir/runtime/layout.hpp"
+#include "partir/runtime/kernels/layout.hpp"
 
 namespace partir {
 

@@ -13,9 +13,9 @@
 #include <thread>
 #include <tuple>
 
-#include "partir/runtime/communicator.hpp"
+#include "partir/runtime/comm/communicator.hpp"
 #include "partir/runtime/kernels/kernel_threads.hpp"
-#include "partir/runtime/malloc_policy.hpp"
+#include "partir/runtime/kernels/malloc_policy.hpp"
 
 namespace partir::threads {
 

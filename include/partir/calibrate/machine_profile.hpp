@@ -13,7 +13,7 @@
 
 #include "partir/runtime/kernels/gemm_engine.hpp"
 #include "partir/runtime/kernels/kernel_threads.hpp"
-#include "partir/sim/calibrate.hpp"
+#include "partir/calibrate/calibrate.hpp"
 
 namespace partir {
 

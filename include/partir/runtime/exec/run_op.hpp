@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "partir/runtime/kernels/buffer_cache.hpp"
 #include "partir/runtime/kernels/eval.hpp"
 
 namespace partir {

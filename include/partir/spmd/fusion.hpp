@@ -112,8 +112,9 @@ PARTIR_ENTRY std::string to_string(const FusionPlan& plan);
 // The plan for a whole program on one device.
 PARTIR_ENTRY FusionPlan plan_fusion(const Program& p);
 
-// The plan for one device's SpmdProgram: collectives and row-sharded gathers run by themselves.
-PARTIR_ENTRY FusionPlan plan_fusion(const SpmdProgram& p);
+// The plan for one device's SpmdProgram: collectives and row-sharded gathers run by themselves; with fuse false,
+// every op by itself.
+PARTIR_ENTRY FusionPlan plan_fusion(const SpmdProgram& p, bool fuse = fusion_enabled());
 
 #if PARTIR_DEFINE_ENTRIES
 namespace detail {
@@ -448,7 +449,7 @@ PARTIR_ENTRY FusionPlan plan_fusion(const Program& p) {
       [&](ValueId v) { return p.op(v).kind != OpKind::input; }, outputs, fusion_enabled());
 }
 
-PARTIR_ENTRY FusionPlan plan_fusion(const SpmdProgram& p) {
+PARTIR_ENTRY FusionPlan plan_fusion(const SpmdProgram& p, bool fuse) {
   std::vector<ValueId> outputs;
   for (const auto& o : p.outputs()) outputs.push_back(o.value);
   return FusionPlan(
@@ -457,7 +458,7 @@ PARTIR_ENTRY FusionPlan plan_fusion(const SpmdProgram& p) {
         const SpmdOp& s = p.op(v);
         return s.op.kind != OpKind::input && !s.collective && s.row_shard.empty();
       },
-      outputs, fusion_enabled());
+      outputs, fuse);
 }
 #endif
 

@@ -7,8 +7,8 @@
 
 #include "partir/ir/program.hpp"
 #include "partir/runtime/kernels/buffer_cache.hpp"
-#include "partir/runtime/malloc_policy.hpp"
-#include "partir/runtime/run_op.hpp"
+#include "partir/runtime/kernels/malloc_policy.hpp"
+#include "partir/runtime/exec/run_op.hpp"
 
 namespace partir {
 

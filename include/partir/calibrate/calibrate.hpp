@@ -26,8 +26,8 @@
 
 #include "partir/dsl/ops.hpp"
 #include "partir/dsl/trace.hpp"
-#include "partir/runtime/executor.hpp"
-#include "partir/runtime/init.hpp"
+#include "partir/runtime/exec/executor.hpp"
+#include "partir/runtime/state/init.hpp"
 #include "partir/runtime/kernels/elements.hpp"
 #include "partir/runtime/kernels/eval.hpp"
 #include "partir/runtime/kernels/gemm_engine.hpp"
@@ -224,9 +224,9 @@ double executor_op_seconds(C& comm, const CalibrationOptions& o) {
     }, {{"x", {1, 1}}});
     const SpmdProgram spmd = lower(partition(chain, mesh, {}));
     const NamedArrays inputs = init_inputs(chain, 0, true);
-    const FusionPlan fusion = plan_fusion(spmd);
+    const ExecutionPlan plan(spmd);
     return best_seconds_per_call(comm, o, o.iterations * 20, [&] {
-      (void)execute(spmd, comm, inputs, {.global_inputs = false, .global_outputs = false, .fusion = &fusion});
+      (void)execute(plan, comm, inputs, {.global_inputs = false, .global_outputs = false});
     });
   };
   const double one = seconds(1), more = seconds(65);

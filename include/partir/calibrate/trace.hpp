@@ -3,7 +3,7 @@
 // track for compute and one for communication. The simulator's Report converts to it; anything that times
 // real ops (an executor, a benchmark) can emit the same events, so predicted and measured timelines open
 // side by side.
-#include "partir/runtime/executor.hpp"
+#include "partir/runtime/exec/executor.hpp"
 #include "partir/sim/json.hpp"
 #include "partir/sim/report.hpp"
 #include "partir/sim/simulator.hpp"

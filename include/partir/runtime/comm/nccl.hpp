@@ -1,6 +1,6 @@
 #pragma once
 // The NCCL backend: one GPU per device. Every rank shares one world communicator (made from an
-// ncclUniqueId: by nccl::run for threads of one process, by nccl::from_mpi in runtime/nccl_mpi.hpp for MPI
+// ncclUniqueId: by nccl::run for threads of one process, by nccl::from_mpi in runtime/comm/nccl_mpi.hpp for MPI
 // ranks); each group gets its own communicator from ncclCommSplit the first time it is used. As in the MPI
 // backend, SPMD programs issue the same collectives in the same order on every device, so every device
 // reaches the (collective) split of its own group together with the others.
@@ -17,7 +17,7 @@
 #include <map>
 #include <thread>
 
-#include "partir/runtime/communicator.hpp"
+#include "partir/runtime/comm/communicator.hpp"
 #include "partir/runtime/gpu/cuda_error.hpp"
 #include "partir/runtime/gpu/device.hpp"
 

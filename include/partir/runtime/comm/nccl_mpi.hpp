@@ -2,8 +2,8 @@
 // Starting the NCCL backend under mpirun: rank 0 makes the ncclUniqueId and MPI_Bcast sends it to every
 // rank; each rank takes the GPU of its index among the ranks on its node (so N ranks on a node of N GPUs
 // use one GPU each). MPI only bootstraps: every collective then goes through NCCL.
-#include "partir/runtime/mpi.hpp"
-#include "partir/runtime/nccl.hpp"
+#include "partir/runtime/comm/mpi.hpp"
+#include "partir/runtime/comm/nccl.hpp"
 
 namespace partir::nccl {
 

@@ -7,10 +7,7 @@
 // Handing a collective to another thread costs a wake-up or two, which a small collective does not repay on
 // a loaded CPU: one below the stream's minimum size runs inline, on the device's own thread, when the stream is
 // idle, and queues behind it otherwise — so every device still runs its collectives in program order.
-//
-// $PARTIR_ASYNC: unset or 1, stream collectives of 256 KiB and more; `all`, stream every collective (the tests
-// use it to drive the stream with small programs); 0, run every collective inline, blocking, where the program
-// places it. set_async_collectives() sets the same for a process.
+// Which collectives go on the stream is the ExecutionPlan's stream policy (spmd/execution_plan.hpp).
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -22,7 +19,8 @@
 #include <thread>
 
 #include "partir/error.hpp"
-#include "partir/runtime/communicator.hpp"
+#include "partir/runtime/comm/communicator.hpp"
+#include "partir/spmd/execution_plan.hpp"
 
 namespace partir {
 
@@ -34,34 +32,6 @@ concept StreamableCommunicator = Communicator<C> && requires(C& c, const std::st
   { c.streams_collectives() } -> std::convertible_to<bool>;
   c.abort(why);
 };
-
-inline constexpr std::int64_t default_stream_min_bytes = 256 << 10;
-
-namespace detail {
-struct AsyncSetting {
-  std::atomic<bool> on;
-  std::atomic<std::int64_t> min_bytes;
-};
-inline AsyncSetting& async_setting() {
-  static AsyncSetting setting = [] {
-    const char* v = std::getenv("PARTIR_ASYNC");
-    const std::string mode = v ? v : "1";
-    if (mode != "0" && mode != "1" && mode != "all")
-      user_error("PARTIR_ASYNC: expected 0 (collectives inline), 1 (streamed from 256 KiB) or all (every collective "
-                 "streamed), got '" + mode + "'");
-    return AsyncSetting{mode != "0", mode == "all" ? 0 : default_stream_min_bytes};
-  }();
-  return setting;
-}
-}  // namespace detail
-
-inline bool async_collectives_enabled() { return detail::async_setting().on; }
-inline std::int64_t stream_min_bytes() { return detail::async_setting().min_bytes; }
-// The defaults of ExecuteOptions and SimulateOptions, for runs set up afterwards.
-inline void set_async_collectives(bool on, std::int64_t min_bytes = default_stream_min_bytes) {
-  detail::async_setting().on = on;
-  detail::async_setting().min_bytes = min_bytes;
-}
 
 class CommStream {
  public:

@@ -22,9 +22,9 @@
 #include <map>
 #include <sstream>
 
-#include "partir/runtime/communicator.hpp"
-#include "partir/runtime/layout.hpp"
-#include "partir/runtime/state.hpp"
+#include "partir/runtime/comm/communicator.hpp"
+#include "partir/runtime/kernels/layout.hpp"
+#include "partir/runtime/state/state.hpp"
 #include "partir/spmd/spmd_program.hpp"
 
 namespace partir::checkpoint {
