@@ -6,6 +6,7 @@
 
 #include <partir/partir.hpp>
 
+#include <atomic>
 #include <random>
 
 using namespace partir;
@@ -211,6 +212,28 @@ TEST_CASE("auto: same seed, same plan; the report names its actions") {
     CHECK(os.str().find("baseline:") != std::string::npos);
     CHECK(os.str().find(a.report->chosen.actions.front().name()) != std::string::npos);
   }
+}
+
+TEST_CASE("auto: candidates are scored by the tactic's Evaluator") {
+  // An evaluator that counts its calls and prefers plans by peak memory alone: the search calls it once per plan
+  // it reports, and under step_time it then chooses what the memory objective chooses with the simulator.
+  const Program step = mlp_step();
+  const Mesh mesh{{"batch", 2}, {"model", 2}};
+  std::atomic<int> calls{0};
+  AutomaticPartition by_memory = auto_on("model", 0, greedy(16));
+  by_memory.evaluator = [&](const Partitioned& plan) {
+    ++calls;
+    const Evaluation e = simulated_on(HardwareProfile::cpu())(plan);
+    return Evaluation{static_cast<double>(e.peak_bytes), e.peak_bytes};
+  };
+  AutomaticPartition reference = auto_on("model", 0, greedy(16));
+  reference.objective = Objective::peak_memory;
+  (void)partition(step, mesh, {data_parallel("batch"), by_memory});
+  (void)partition(step, mesh, {data_parallel("batch"), reference});
+  CHECK(calls == by_memory.report->evaluations);
+  CHECK(by_memory.report->chosen.actions == reference.report->chosen.actions);
+  CHECK(by_memory.report->chosen.peak_bytes == reference.report->chosen.peak_bytes);
+  CHECK(by_memory == auto_on("model", 0, greedy(16)));  // the evaluator is not part of the tactic's identity
 }
 
 TEST_CASE("auto: honours Replicate and earlier tactics; later tactics compose on top") {

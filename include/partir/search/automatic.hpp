@@ -2,7 +2,8 @@
 // AutomaticPartition{axes, objective, memory_budget_bytes, search_budget}: the automatic tactic of PartIR (after
 // Automap, "Automatic Discovery of Composite SPMD Partitioning Strategies in PartIR"). It is an ordinary tactic:
 // it starts from the program as earlier tactics left it, searches over actions "tile the values of group g along
-// dim d on axis a" (or stop), scores each candidate plan by lowering and simulating it, and commits the best
+// dim d on axis a" (or stop), scores each candidate plan with its Evaluator (by default: lowering and simulating
+// it), and commits the best
 // sequence of actions as ManualPartition steps. Later tactics compose on top; earlier decisions and Replicate
 // constraints are never undone, because the actions go through the same PartitionState as any manual tactic.
 //
@@ -22,6 +23,7 @@
 #include <atomic>
 #include <cmath>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <limits>
 #include <map>
@@ -112,6 +114,24 @@ inline std::ostream& operator<<(std::ostream& os, const SearchReport& r) {
   return os << "\n";
 }
 
+// What a candidate plan is scored by: its predicted step time and per-device peak memory.
+struct Evaluation {
+  double step_seconds = 0;
+  std::int64_t peak_bytes = 0;
+  friend bool operator==(const Evaluation&, const Evaluation&) = default;
+};
+// Scores a plan; called from several search threads at once. A UserError means a plan that cannot run (never
+// chosen). The default, simulated_on(profile), lowers the plan and simulates it; another model (measured runs,
+// a learned cost model) plugs in here without the search knowing.
+using Evaluator = std::function<Evaluation(const Partitioned&)>;
+
+inline Evaluator simulated_on(HardwareProfile profile) {
+  return [profile = std::move(profile)](const Partitioned& plan) {
+    const Report r = simulate(lower(plan), profile);
+    return Evaluation{r.step_seconds, r.peak_bytes};
+  };
+}
+
 struct AutomaticPartition {
   std::vector<std::string> axes;
   Objective objective = Objective::step_time;
@@ -121,6 +141,8 @@ struct AutomaticPartition {
   std::string label = {};                             // "" gives "auto(model)"
   // Where apply() leaves its report (shared by the copies a Schedule holds); not part of the tactic's identity.
   std::shared_ptr<SearchReport> report = nullptr;
+  // What scores the candidates; null: simulated_on(profile). Not part of the tactic's identity either.
+  Evaluator evaluator = nullptr;
 
   std::string name() const {
     if (!label.empty()) return label;
@@ -236,17 +258,12 @@ struct Action {
   int axis = 0;
 };
 
-struct Evaluation {
-  double step_seconds = 0;
-  std::int64_t peak_bytes = 0;
-};
-
 class AutoSearch {
  public:
   AutoSearch(const PartitionState& root, std::vector<int> axes, Objective objective, std::int64_t budget_bytes,
-             SearchBudget budget, const HardwareProfile& profile)
+             SearchBudget budget, Evaluator evaluate)
       : root_(root), groups_(action_groups(root.program())), objective_(objective),
-        budget_bytes_(budget_bytes), budget_(budget), profile_(profile), rng_(budget.seed) {
+        budget_bytes_(budget_bytes), budget_(budget), evaluate_(std::move(evaluate)), rng_(budget.seed) {
     for (int a : axes)
       for (std::size_t g = 0; g < groups_.size(); ++g) {
         const auto rank = root.program().type(groups_[g].members.front()).rank();
@@ -428,8 +445,7 @@ class AutoSearch {
     std::atomic<std::size_t> next{0};
     auto worker = [&] {
       for (std::size_t j; (j = next++) < fresh.size();) try {
-          const Report rep = simulate(lower(Partitioned(plans[fresh[j]].state, {})), profile_);
-          results[j] = {rep.step_seconds, rep.peak_bytes};
+          results[j] = evaluate_(Partitioned(plans[fresh[j]].state, {}));
         } catch (const UserError&) {  // a plan lowering refuses (a halo wider than a tile): never the best
           results[j] = {std::numeric_limits<double>::infinity(), std::numeric_limits<std::int64_t>::max()};
           if (seen_.empty() && j == 0) errors[j] = std::current_exception();  // the earlier tactics' plan itself
@@ -615,7 +631,7 @@ class AutoSearch {
   Objective objective_;
   std::int64_t budget_bytes_;
   SearchBudget budget_;
-  const HardwareProfile& profile_;
+  Evaluator evaluate_;
   std::mt19937_64 rng_;
   std::vector<Action> actions_;
   std::map<std::string, Seen> seen_;  // std::map: node addresses stay valid, iteration order is fixed
@@ -633,13 +649,14 @@ PARTIR_ENTRY void AutomaticPartition::apply(PartitionState& s) const {
                std::to_string(r.evaluations) + " plans evaluated (" + to_string(r.chosen) + ") needs " +
                human_bytes(static_cast<double>(r.chosen.peak_bytes)));
   // Replay the chosen actions exactly as evaluated: tile, then propagate, one action at a time.
-  detail::AutoSearch replay(s, axis_ids(s), objective, memory_budget_bytes, search_budget, profile);
+  detail::AutoSearch replay(s, axis_ids(s), objective, memory_budget_bytes, search_budget, nullptr);
   for (int i : sequence) replay.apply(s, i);
   if (report) *report = std::move(r);
 }
 
 PARTIR_ENTRY std::pair<SearchReport, std::vector<int>> AutomaticPartition::run(const PartitionState& s) const {
-  detail::AutoSearch search(s, axis_ids(s), objective, memory_budget_bytes, search_budget, profile);
+  detail::AutoSearch search(s, axis_ids(s), objective, memory_budget_bytes, search_budget,
+                            evaluator ? evaluator : simulated_on(profile));
   SearchReport r = search.run();
   r.tactic = s.tactic_label();
   return {std::move(r), search.best_sequence()};
