@@ -1,13 +1,15 @@
 #pragma once
-// Runs one device's share of an ExecutionPlan (spmd/execution_plan.hpp): local ops on the CPU kernels (the plan's
-// fused groups as one loop each), collectives through any Communicator backend, on the device's communication
-// stream where the plan's stream policy says so, buffers freed by the plan's frees into the thread's buffer
-// cache; records peak bytes, the time of every collective and, when asked, of every op.
+// The one walker (detail::Walk<Device, Communicator>): runs one device's share of an ExecutionPlan
+// (spmd/execution_plan.hpp) on a Device — here the CPU's (CpuDevice: the CPU kernels, the plan's fused groups as
+// one loop each, the thread's buffer cache), in runtime/gpu/executor.hpp the GPU's — with collectives through
+// any Communicator backend, on the device's communication stream where the plan's stream policy says so, and
+// buffers freed by the plan's frees; records peak bytes, the time of every collective and, when asked, of every op.
 #include <chrono>
 #include <cmath>
 #include <deque>
 #include <memory>
 #include <optional>
+#include <span>
 
 #include "partir/config.hpp"
 #include "partir/runtime/comm/comm_stream.hpp"
@@ -226,8 +228,76 @@ inline void check_finite(const std::string& where, const std::string& name, cons
   }
 }
 
+}  // namespace detail
+
+// The CPU Device of the walk (Eigen's TensorDevice, in the role of one): values are host Arrays, buffers come
+// from and go back to the thread's buffer cache, local ops run the CPU kernels (a fused group as one loop; a
+// reshape takes a dying operand's buffer), collectives go through the communicator on host memory. The caller's
+// arrays are read in place; the walk's outputs are its own buffers.
+//
+// A Device D gives the walk (see gpu::Device for the other):
+//   using Buffer (bytes()); take(type); release(Buffer&); take_storage(Buffer&, shape) (the storage, leaving a
+//   husk); bind(given, slot) (an input the caller keeps: a pointer to read it through, slot filled if copied);
+//   adopt(Array&&) (an input handed over); compute(op, group, values, owned, dying) (a local op or fused group);
+//   row_sharded(op, operands, first_row, rows); collective(c, in, type, mesh, comm);
+//   collective_into(c, in, out, mesh, comm); transfer(c, in, type, mesh, comm) (pipeline send/recv);
+//   copy(buffer); download(Buffer&&) (an output, valid after finish()); Span start_span() / stop_span(Span&) and
+//   span_times(Span&) (start and seconds from the run's start); begin(), ops_done(), finish(), abandon() around
+//   a run; bind_side_outputs(group, values, owned) (a fused group's stored inner values: their bytes).
+struct CpuDevice {
+  using Buffer = Array;
+  using clock = std::chrono::steady_clock;
+  struct Span {
+    clock::time_point start;
+    double seconds = 0;
+  };
+
+  Array take(const TensorType& type) { return kernels::buffer_cache().take(type); }
+  void release(Array& a) { kernels::buffer_cache().give(std::move(a)); }  // reused by later ops and steps
+  static Array take_storage(Array& from, const Shape& shape) { return partir::take_storage(from, shape); }
+  const Array* bind(const Array& given, std::optional<Array>&) { return &given; }
+  Array adopt(Array&& a) { return std::move(a); }
+  Array compute(const Op& op, const FusionGroup* group, std::span<const Array* const> values,
+                std::span<std::optional<Array>> owned, std::span<const ValueId> dying) {
+    return run_op(op, group, values, owned, dying);
+  }
+  std::int64_t bind_side_outputs(const FusionGroup* group, std::span<const Array*> values,
+                                 std::span<std::optional<Array>> owned) {
+    return partir::bind_side_outputs(group, values, owned);
+  }
+  Array row_sharded(const SpmdOp& s, std::span<const Array* const> in, std::int64_t first_row, std::int64_t rows) {
+    return detail::row_sharded(s, in, first_row, rows);
+  }
+  template <Communicator C>
+  Array collective(const Collective& c, const Array& in, const TensorType& result, const Mesh& mesh, C& comm) {
+    return detail::run_collective(c, in, result, mesh, comm);
+  }
+  template <Communicator C>
+  void collective_into(const Collective& c, const Array& in, Array& out, const Mesh& mesh, C& comm) {
+    detail::run_collective_into(c, in, out, mesh, comm);
+  }
+  template <Communicator C>
+  Array transfer(const Collective& c, const Array* in, const TensorType& result, const Mesh& mesh, C& comm) {
+    return detail::run_transfer(c, in, result, mesh, comm);
+  }
+  Array copy(const Array& a) { return a; }
+  Array download(Array&& a) { return std::move(a); }
+
+  void begin() { start = clock::now(); }
+  void ops_done() {}
+  void finish() { kernels::buffer_cache().end_run(); }
+  void abandon() {}
+  Span start_span() const { return {clock::now()}; }
+  void stop_span(Span& s) const { s.seconds = std::chrono::duration<double>(clock::now() - s.start).count(); }
+  OpTiming span_times(const Span& s) const { return {-1, std::chrono::duration<double>(s.start - start).count(), s.seconds}; }
+
+  clock::time_point start;
+};
+
+namespace detail {
+
 // The caller's array for input b, checked against what the program expects of it (a global array or a local
-// piece; finite where asked). Every executor binds its inputs through it.
+// piece; finite where asked).
 inline const Array& checked_input(const SpmdProgram& p, const Binding& b, const NamedArrays& inputs,
                                   const ExecuteOptions& options, const std::string& where) {
   auto it = inputs.find(b.name);
@@ -250,14 +320,17 @@ inline void check_run(const SpmdProgram& p, int devices, const NamedArrays& inpu
       user_error(where + ": no input named '" + name + "'");
 }
 
-// One device's run of one stage of an ExecutionPlan: the walk over its values in program order, with the
-// bookkeeping of buffers (made, handed over, freed by the plan's frees), of the communication stream and of
-// timing. The memory it counts is the simulator's by construction: both free by the same plan.
-template <Communicator C>
+// The one walker: one device's run of one stage of an ExecutionPlan on a Device D (CpuDevice above, gpu::Device),
+// over the values in program order, with the bookkeeping of buffers (made, handed over, freed by the plan's
+// frees), of the communication stream and of timing. The memory it counts is the simulator's by construction:
+// both free by the same plan.
+template <class D, Communicator C>
 class Walk {
  public:
-  Walk(const StagePlan& plan, C& comm, const ExecuteOptions& options, const std::string& where)
-      : plan_(plan), p_(*plan.program), mesh_(p_.mesh()), comm_(comm), options_(options), where_(where),
+  using Buffer = typename D::Buffer;
+
+  Walk(const StagePlan& plan, D& device, C& comm, const ExecuteOptions& options, const std::string& where)
+      : plan_(plan), p_(*plan.program), mesh_(p_.mesh()), dev_(device), comm_(comm), options_(options), where_(where),
         values_(size()), owned_(size()), donated_(size(), false), stream_uses_(size(), 0), ticket_of_(size(), -1),
         sent_in_place_(size(), 0) {
     if (options.donate) donated_ = plan.donated;
@@ -265,9 +338,9 @@ class Walk {
   }
 
   DeviceResult run(const NamedArrays& inputs) {
-    bind_inputs(inputs);
-    start_ = clock::now();
     try {
+      bind_inputs(inputs);
+      dev_.begin();
       for (ValueId v = 0; v < p_.size(); ++v) {
         const SpmdOp& s = p_.op(v);
         if (is_program_input(s)) {
@@ -283,13 +356,20 @@ class Walk {
       if (stream_ && !in_flight_.empty()) retire(in_flight_.back().ticket);
       if constexpr (SendsInPlace<C>) comm_.finish_sends();
       for (auto v : freed_after_sends_) release(v);
+      result_.peak_bytes = peak_;
+      dev_.ops_done();
+      collect_outputs();
+      dev_.finish();
     } catch (const std::exception& e) {
       if (stream_) stream_->abandon(e.what());
+      dev_.abandon();
       throw;
     }
-    kernels::buffer_cache().end_run();
-    result_.peak_bytes = peak_;
-    collect_outputs();
+    for (auto& [index, span] : spans_) {
+      const OpTiming t = dev_.span_times(span);
+      if (index.collective >= 0) result_.collective_seconds[static_cast<std::size_t>(index.collective)] = t.seconds;
+      if (index.timeline >= 0) result_.timeline[static_cast<std::size_t>(index.timeline)] = {index.value, t.start, t.seconds};
+    }
     return std::move(result_);
   }
 
@@ -307,11 +387,15 @@ class Walk {
     double start = 0, seconds = 0;  // written by the stream
     std::vector<ValueId> released;  // buffers to hand back once it has run
   };
+  // Where the time of an op run here goes once the device can tell it (-1: nowhere).
+  struct Slots {
+    ValueId value;
+    std::int64_t collective = -1, timeline = -1;
+  };
 
   std::size_t size() const { return static_cast<std::size_t>(p_.size()); }
   static std::size_t at(ValueId v) { return static_cast<std::size_t>(v); }
   bool pinned(ValueId v) const { return stream_uses_[at(v)] > 0 || sent_in_place_[at(v)] != 0; }
-  double since_start(clock::time_point t) const { return seconds(t - start_).count(); }
 
   void hold(std::int64_t bytes) {
     resident_ += bytes;
@@ -329,18 +413,18 @@ class Walk {
       auto& slot = owned_[at(b.value)];
       const Array& given = inputs.at(b.name);
       if (options_.global_inputs) {
-        slot = layout::shard(given, b.sharding, mesh_, comm_.device());
+        slot = dev_.adopt(layout::shard(given, b.sharding, mesh_, comm_.device()));
       } else if (donated_[at(b.value)]) {
-        if (auto d = options_.donate->find(b.name); d != options_.donate->end()) slot = std::move(d->second);
+        if (auto d = options_.donate->find(b.name); d != options_.donate->end()) slot = dev_.adopt(std::move(d->second));
       }
-      values_[at(b.value)] = slot ? &*slot : &given;
+      values_[at(b.value)] = slot ? &*slot : dev_.bind(given, slot);
     }
   }
 
   // An all_reduce whose operand dies there sums in the operand's buffer (a gradient straight from its GEMM): no
   // copy, no second buffer. The husk left behind is freed as the operand, so the peak counts both, as the
   // simulator does.
-  std::optional<Array> reduce_in_place(ValueId v) {
+  std::optional<Buffer> reduce_in_place(ValueId v) {
     const SpmdOp& s = p_.op(v);
     const ValueId operand = s.op.operands.at(0);
     auto& buffer = owned_[at(operand)];
@@ -348,7 +432,7 @@ class Walk {
     if (s.collective->kind != CollectiveKind::all_reduce || !buffer || pinned(operand) ||
         std::find(dies.begin(), dies.end(), operand) == dies.end())
       return std::nullopt;
-    return take_storage(*buffer, s.op.type.shape);
+    return D::take_storage(*buffer, s.op.type.shape);
   }
 
   // Hands the collective at v to the stream, which runs collectives in order: an operand made by an earlier one
@@ -361,20 +445,22 @@ class Walk {
     auto& slot = owned_[at(v)];
     slot = reduce_in_place(v);
     const bool in_place = slot.has_value();
-    if (!in_place) slot = kernels::buffer_cache().take(s.op.type);
+    if (!in_place) slot = dev_.take(s.op.type);
     InFlight& f = in_flight_.emplace_back(InFlight{v, -1, result_.collective_seconds.size(), result_.timeline.size()});
     result_.collective_seconds.push_back(0);
     if (options_.timeline) result_.timeline.push_back({v, 0, 0});
     f.ticket = stream_->issue([this, v, record = &f, c = &*s.collective,
                                in = in_place ? &*slot : values_[at(operand)], out = &*slot] {
-      const auto t0 = clock::now();
+      auto span = dev_.start_span();
       try {
-        run_collective_into(*c, *in, *out, mesh_, comm_);
+        dev_.collective_into(*c, *in, *out, mesh_, comm_);
       } catch (const UserError& e) {
         user_error(where_ + ": %" + std::to_string(v) + ": " + e.what());
       }
-      record->start = since_start(t0);
-      record->seconds = seconds(clock::now() - t0).count();
+      dev_.stop_span(span);
+      const OpTiming t = dev_.span_times(span);
+      record->start = t.start;
+      record->seconds = t.seconds;
     });
     ticket_of_[at(v)] = f.ticket;
     for (auto u : {operand, v}) ++stream_uses_[at(u)];
@@ -413,44 +499,56 @@ class Walk {
     const SpmdOp& s = p_.op(v);
     operands_.clear();
     for (auto o : s.op.operands) operands_.push_back(values_[at(o)]);
-    const auto t0 = clock::now();
+    Slots slots{v};
+    if (s.collective) {
+      slots.collective = static_cast<std::int64_t>(result_.collective_seconds.size());
+      result_.collective_seconds.push_back(0);
+    }
+    if (options_.timeline) {
+      slots.timeline = static_cast<std::int64_t>(result_.timeline.size());
+      result_.timeline.push_back({v, 0, 0});
+    }
+    const bool timed = slots.collective >= 0 || slots.timeline >= 0;
+    std::optional<typename D::Span> span;
+    if (timed) span = dev_.start_span();
     auto& slot = owned_[at(v)];
     try {
       slot = compute(v);
     } catch (const UserError& e) {
       user_error(where_ + ": %" + std::to_string(v) + ": " + e.what());
     }
-    const double took = seconds(clock::now() - t0).count();
-    if (s.collective) result_.collective_seconds.push_back(took);
-    if (options_.timeline) result_.timeline.push_back({v, since_start(t0), took});
+    if (timed) {
+      dev_.stop_span(*span);
+      spans_.emplace_back(slots, *span);
+    }
     values_[at(v)] = &*slot;
-    hold(slot->bytes() + bind_side_outputs(plan_.fusion.group_at(v), values_, owned_));
+    hold(slot->bytes() + dev_.bind_side_outputs(plan_.fusion.group_at(v), values_, owned_));
   }
 
-  Array compute(ValueId v) {
+  Buffer compute(ValueId v) {
     const SpmdOp& s = p_.op(v);
     if (s.collective && (s.collective->kind == CollectiveKind::send || s.collective->kind == CollectiveKind::recv)) {
-      Array out = run_transfer(*s.collective, operands_.empty() ? nullptr : operands_[0], s.op.type, mesh_, comm_);
+      Buffer out = dev_.transfer(*s.collective, operands_.empty() ? nullptr : operands_[0], s.op.type, mesh_, comm_);
       if constexpr (SendsInPlace<C>)
         if (s.collective->kind == CollectiveKind::send) sent_in_place_[at(s.op.operands.at(0))] = 1;
       return out;
     }
     if (s.collective) {
       if (auto in_place = reduce_in_place(v)) {
-        run_collective_into(*s.collective, *in_place, *in_place, mesh_, comm_);
+        dev_.collective_into(*s.collective, *in_place, *in_place, mesh_, comm_);
         return std::move(*in_place);
       }
-      return run_collective(*s.collective, *operands_[0], s.op.type, mesh_, comm_);
+      return dev_.collective(*s.collective, *operands_[0], s.op.type, mesh_, comm_);
     }
     if (!s.row_shard.empty()) {
-      const auto rows = (s.op.kind == OpKind::gather ? operands_[0]->shape() : s.op.type.shape).at(0);
-      return row_sharded(s, operands_, mesh_.position(comm_.device(), s.row_shard) * rows,
-                         rows * tile_count(s.row_shard, mesh_));
+      const auto rows = (s.op.kind == OpKind::gather ? operands_[0]->type() : s.op.type).shape.at(0);
+      return dev_.row_sharded(s, operands_, mesh_.position(comm_.device(), s.row_shard) * rows,
+                              rows * tile_count(s.row_shard, mesh_));
     }
-    // A reshape takes a dying operand's buffer, unless the stream or a send still reads it.
+    // A reshape may take a dying operand's buffer, unless the stream or a send still reads it.
     dying_ = plan_.frees()[at(v)];
     std::erase_if(dying_, [this](ValueId d) { return pinned(d); });
-    return run_op(s.op, plan_.fusion.group_at(v), values_, owned_, dying_);
+    return dev_.compute(s.op, plan_.fusion.group_at(v), values_, owned_, dying_);
   }
 
   // Frees what dies at v: at once, after the collectives still reading it, or after the sends still reading it.
@@ -470,11 +568,12 @@ class Walk {
 
   void release(ValueId dead) {
     auto& buffer = owned_[at(dead)];
-    kernels::buffer_cache().give(std::move(*buffer));  // reused by later ops and steps: no fresh pages
+    dev_.release(*buffer);
     buffer.reset();
   }
 
   // An intermediate output hands over its buffer (unless a later output names it too); inputs are copied.
+  // Global outputs: partial sums all_reduced and tiled dims all_gathered, on the device, then downloaded.
   void collect_outputs() {
     const auto& outputs = p_.outputs();
     for (std::size_t i = 0; i < outputs.size(); ++i) {
@@ -482,30 +581,51 @@ class Walk {
       bool named_later = false;
       for (std::size_t j = i + 1; j < outputs.size(); ++j) named_later |= outputs[j].value == b.value;
       auto& buffer = owned_[at(b.value)];
-      Array piece = buffer && !named_later ? std::move(*buffer) : *values_[at(b.value)];
-      result_.outputs[b.name] =
-          options_.global_outputs ? gather_global(std::move(piece), b, mesh_, comm_) : std::move(piece);
+      Buffer piece = buffer && !named_later ? std::move(*buffer) : dev_.copy(*values_[at(b.value)]);
+      if (buffer && !named_later) buffer.reset();
+      if (options_.global_outputs) piece = gathered(std::move(piece), b);
+      result_.outputs[b.name] = dev_.download(std::move(piece));
     }
+    for (auto& buffer : owned_)
+      if (buffer) dev_.release(*buffer);
+  }
+
+  // The global value of a bound piece, on every device (a collective).
+  Buffer gathered(Buffer piece, const Binding& b) {
+    auto step = [&](const Collective& c, const TensorType& type) {
+      Buffer next = dev_.collective(c, piece, type, mesh_, comm_);
+      dev_.release(piece);
+      piece = std::move(next);
+    };
+    Shape shape = piece.type().shape;
+    if (!b.sharding.partial.empty()) step({CollectiveKind::all_reduce, b.sharding.partial}, piece.type());
+    for (std::size_t d = 0; d < b.sharding.dims.size(); ++d) {
+      if (b.sharding.dims[d].empty()) continue;
+      shape[d] = b.global.shape[d];
+      step({CollectiveKind::all_gather, b.sharding.dims[d], static_cast<std::int64_t>(d)}, {shape, piece.type().dtype});
+    }
+    return piece;
   }
 
   const StagePlan& plan_;
   const SpmdProgram& p_;
   const Mesh& mesh_;
+  D& dev_;
   C& comm_;
   const ExecuteOptions& options_;
   const std::string& where_;
-  std::vector<const Array*> values_;           // each live value's array
-  std::vector<std::optional<Array>> owned_;    // all but local-piece inputs, which stay the caller's
+  std::vector<const Buffer*> values_;          // each live value's buffer
+  std::vector<std::optional<Buffer>> owned_;   // all but the inputs the device reads where the caller keeps them
   std::vector<bool> donated_;
   DeviceResult result_;
   std::int64_t resident_ = 0, peak_ = 0;
-  clock::time_point start_;
+  std::vector<std::pair<Slots, typename D::Span>> spans_;  // ops run here whose times are read at the end
   std::deque<InFlight> in_flight_;             // in issue order: each finishes no later than the next
   std::vector<int> stream_uses_;
   std::vector<std::int64_t> ticket_of_;        // values still being made on the stream
   std::vector<char> sent_in_place_;            // neither reused nor freed before the sends are done, at the end
   std::vector<ValueId> freed_after_sends_;
-  std::vector<const Array*> operands_;
+  std::vector<const Buffer*> operands_;
   std::vector<ValueId> dying_;
   bool streams_ = false;
   std::optional<CommStream> stream_;  // last: destroyed (joined) before what its tasks write; made at first use
@@ -522,7 +642,8 @@ DeviceResult execute(const ExecutionPlan& plan, C& comm, const NamedArrays& inpu
   const std::string where = "execute " + p.name() + " (device " + std::to_string(comm.device()) + ")";
   detail::check_run(p, comm.num_devices(), inputs, where);
   const StagePlan& stage = plan.stage_for(comm.device());
-  DeviceResult r = detail::Walk<C>(stage, comm, options, where).run(inputs);
+  CpuDevice device;
+  DeviceResult r = detail::Walk<CpuDevice, C>(stage, device, comm, options, where).run(inputs);
   for (auto& t : r.timeline) t.value = stage.original(t.value);
   return r;
 }
