@@ -69,7 +69,9 @@ class Device {
     cudaEvent_t start = nullptr, stop = nullptr;
   };
 
-  Device(nccl::Communicator& comm, Context& ctx) : comm_(comm), ctx_(ctx), stream_(comm.stream()) {}
+  // `where` names the run in the errors found at its end.
+  Device(nccl::Communicator& comm, Context& ctx, std::string where)
+      : comm_(comm), ctx_(ctx), stream_(comm.stream()), where_(std::move(where)) {}
 
   Buffer take(const TensorType& type) { return {type, ctx_.pool.take(type.bytes())}; }
   void release(Buffer& b) {
@@ -189,8 +191,8 @@ class Device {
     check_cuda(cudaMemcpy(&bad, ctx_.bad_index, sizeof(int), cudaMemcpyDeviceToHost), "cudaMemcpy");
     ops_seconds = span_times(ops_).seconds;
     if (bad)
-      user_error("a gather or scatter_add index is out of range of its table (found on the GPU; run on the CPU "
-                 "backend to see which index)");
+      user_error(where_ + ": a gather or scatter_add index is out of range of its table (found on the GPU; run on "
+                 "the CPU backend to see which index)");
   }
   // Blocks given back earlier in the run may still be in use by queued work: let it finish before the pool can
   // hand them to work on another stream (a later run on another communicator).
@@ -381,6 +383,7 @@ class Device {
   nccl::Communicator& comm_;
   Context& ctx_;
   cudaStream_t stream_;
+  std::string where_;
   Span ops_;
   std::vector<const Buffer*> operands_;
 };
@@ -405,7 +408,7 @@ inline DeviceResult execute(const ExecutionPlan& plan, nccl::Communicator& comm,
     ctx.pool.reserve(plan_pool(stage).blocks);
     ctx.reserved_for = &p;
   }
-  Device device(comm, ctx);
+  Device device(comm, ctx, where);
   DeviceResult r = partir::detail::Walk<Device, nccl::Communicator>(stage, device, comm, options, where).run(inputs);
   r.gpu_seconds = device.ops_seconds;
   return r;
