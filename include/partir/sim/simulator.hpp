@@ -1,8 +1,9 @@
 #pragma once
-// simulate(plan, profile): walks the per-device program of an ExecutionPlan in order, costs each local op with the roofline
-// and each collective with its ring formula (sim/cost_model.hpp), and replays buffer liveness exactly as
-// the executor accounts it, from the plan's own frees: inputs resident for the whole step (donated state until its last use), an
-// intermediate from its op to its last use (an op's operands and result count together), outputs to the end.
+// simulate(plan, profile): walks the per-device program of an ExecutionPlan in order, costs each local op with
+// the roofline and each collective with its ring formula (sim/cost_model.hpp), and replays buffer liveness
+// exactly as the executor accounts it, from the plan's own frees: inputs resident for the whole step (donated
+// state until its last use), an intermediate from its op to its last use (an op's operands and result count
+// together), outputs to the end.
 //
 // Time runs on two streams per device, as the executor runs the program (runtime/comm/comm_stream.hpp): local ops
 // in program order on the compute stream, each starting when its operands are ready; collectives in program

@@ -289,7 +289,9 @@ struct CpuDevice {
   void abandon() {}
   Span start_span() const { return {clock::now()}; }
   void stop_span(Span& s) const { s.seconds = std::chrono::duration<double>(clock::now() - s.start).count(); }
-  OpTiming span_times(const Span& s) const { return {-1, std::chrono::duration<double>(s.start - start).count(), s.seconds}; }
+  OpTiming span_times(const Span& s) const {
+    return {-1, std::chrono::duration<double>(s.start - start).count(), s.seconds};
+  }
 
   clock::time_point start;
 };
@@ -365,18 +367,16 @@ class Walk {
       dev_.abandon();
       throw;
     }
-    for (auto& [index, span] : spans_) {
+    for (auto& [slots, span] : spans_) {
       const OpTiming t = dev_.span_times(span);
-      if (index.collective >= 0) result_.collective_seconds[static_cast<std::size_t>(index.collective)] = t.seconds;
-      if (index.timeline >= 0) result_.timeline[static_cast<std::size_t>(index.timeline)] = {index.value, t.start, t.seconds};
+      if (slots.collective >= 0) result_.collective_seconds[static_cast<std::size_t>(slots.collective)] = t.seconds;
+      if (slots.timeline >= 0)
+        result_.timeline[static_cast<std::size_t>(slots.timeline)] = {slots.value, t.start, t.seconds};
     }
     return std::move(result_);
   }
 
  private:
-  using clock = std::chrono::steady_clock;
-  using seconds = std::chrono::duration<double>;
-
   // A collective on the stream: its result buffer and operand stay as they are until it has run (stream_uses_);
   // a value whose last use comes earlier is counted free at that use, as the simulator counts it, and its buffer
   // handed back when the collectives using it are done.
@@ -415,7 +415,8 @@ class Walk {
       if (options_.global_inputs) {
         slot = dev_.adopt(layout::shard(given, b.sharding, mesh_, comm_.device()));
       } else if (donated_[at(b.value)]) {
-        if (auto d = options_.donate->find(b.name); d != options_.donate->end()) slot = dev_.adopt(std::move(d->second));
+        if (auto d = options_.donate->find(b.name); d != options_.donate->end())
+          slot = dev_.adopt(std::move(d->second));
       }
       values_[at(b.value)] = slot ? &*slot : dev_.bind(given, slot);
     }
@@ -637,7 +638,8 @@ class Walk {
 // `inputs` may hold every stage's; the result holds this stage's outputs, with the timeline in the pipelined
 // program's numbering.
 template <Communicator C>
-DeviceResult execute(const ExecutionPlan& plan, C& comm, const NamedArrays& inputs, const ExecuteOptions& options = {}) {
+DeviceResult execute(const ExecutionPlan& plan, C& comm, const NamedArrays& inputs,
+                     const ExecuteOptions& options = {}) {
   const SpmdProgram& p = plan.program();
   const std::string where = "execute " + p.name() + " (device " + std::to_string(comm.device()) + ")";
   detail::check_run(p, comm.num_devices(), inputs, where);

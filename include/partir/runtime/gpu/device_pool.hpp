@@ -184,7 +184,8 @@ inline PoolPlan plan_pool(const StagePlan& stage) {
     if (!slot) slot = pool.take(p.type(b.value).bytes());
   }
   for (ValueId v = 0; v < p.size(); ++v) {
-    if (!detail::is_program_input(p.op(v)) && stage.fusion.runs_at(v)) held[static_cast<std::size_t>(v)] = pool.take(p.type(v).bytes());
+    if (!detail::is_program_input(p.op(v)) && stage.fusion.runs_at(v))
+      held[static_cast<std::size_t>(v)] = pool.take(p.type(v).bytes());
     for (auto dead : stage.frees()[static_cast<std::size_t>(v)]) {
       if (detail::is_program_input(p.op(dead))) continue;  // inputs stay to the end
       pool.give(held[static_cast<std::size_t>(dead)], p.type(dead).bytes());
