@@ -171,22 +171,6 @@ Array run_transfer(const Collective& c, const Array* in, const TensorType& resul
   return out;
 }
 
-// The global array of a bound value, on every device of the mesh, from this device's piece: partial sums
-// all_reduced, tiled dims all_gathered. Every device must call it (a collective).
-template <Communicator C>
-Array gather_global(Array piece, const Binding& b, const Mesh& mesh, C& comm) {
-  Shape shape = piece.shape();
-  if (!b.sharding.partial.empty())
-    piece = run_collective({CollectiveKind::all_reduce, b.sharding.partial}, piece, piece.type(), mesh, comm);
-  for (std::size_t d = 0; d < b.sharding.dims.size(); ++d) {
-    if (b.sharding.dims[d].empty()) continue;
-    shape[d] = b.global.shape[d];
-    piece = run_collective({CollectiveKind::all_gather, b.sharding.dims[d], static_cast<std::int64_t>(d)}, piece,
-                           TensorType{shape, piece.dtype()}, mesh, comm);
-  }
-  return piece;
-}
-
 // gather / scatter_add over a table whose rows are tiled: only rows this device holds take part.
 // Every device checks every index against the global row count, so a bad index fails as it does on one
 // device instead of silently reading (or dropping) nothing on each.
@@ -297,6 +281,33 @@ struct CpuDevice {
 };
 
 namespace detail {
+
+// The global value of a bound value on device `dev`, on every device of the mesh, from this device's piece: partial
+// sums all_reduced, tiled dims all_gathered, each step's operand given back. Every device must call it (a
+// collective).
+template <class D, Communicator C>
+typename D::Buffer gather_global(D& dev, typename D::Buffer piece, const Binding& b, const Mesh& mesh, C& comm) {
+  auto step = [&](const Collective& c, const TensorType& type) {
+    auto next = dev.collective(c, piece, type, mesh, comm);
+    dev.release(piece);
+    piece = std::move(next);
+  };
+  Shape shape = piece.type().shape;
+  if (!b.sharding.partial.empty()) step({CollectiveKind::all_reduce, b.sharding.partial}, piece.type());
+  for (std::size_t d = 0; d < b.sharding.dims.size(); ++d) {
+    if (b.sharding.dims[d].empty()) continue;
+    shape[d] = b.global.shape[d];
+    step({CollectiveKind::all_gather, b.sharding.dims[d], static_cast<std::int64_t>(d)}, {shape, piece.type().dtype});
+  }
+  return piece;
+}
+
+// The same for a host array (Executable's outputs and gather_state).
+template <Communicator C>
+Array gather_global(Array piece, const Binding& b, const Mesh& mesh, C& comm) {
+  CpuDevice dev;
+  return gather_global(dev, std::move(piece), b, mesh, comm);
+}
 
 // The caller's array for input b, checked against what the program expects of it (a global array or a local
 // piece; finite where asked).
@@ -584,28 +595,11 @@ class Walk {
       auto& buffer = owned_[at(b.value)];
       Buffer piece = buffer && !named_later ? std::move(*buffer) : dev_.copy(*values_[at(b.value)]);
       if (buffer && !named_later) buffer.reset();
-      if (options_.global_outputs) piece = gathered(std::move(piece), b);
+      if (options_.global_outputs) piece = gather_global(dev_, std::move(piece), b, mesh_, comm_);
       result_.outputs[b.name] = dev_.download(std::move(piece));
     }
     for (auto& buffer : owned_)
       if (buffer) dev_.release(*buffer);
-  }
-
-  // The global value of a bound piece, on every device (a collective).
-  Buffer gathered(Buffer piece, const Binding& b) {
-    auto step = [&](const Collective& c, const TensorType& type) {
-      Buffer next = dev_.collective(c, piece, type, mesh_, comm_);
-      dev_.release(piece);
-      piece = std::move(next);
-    };
-    Shape shape = piece.type().shape;
-    if (!b.sharding.partial.empty()) step({CollectiveKind::all_reduce, b.sharding.partial}, piece.type());
-    for (std::size_t d = 0; d < b.sharding.dims.size(); ++d) {
-      if (b.sharding.dims[d].empty()) continue;
-      shape[d] = b.global.shape[d];
-      step({CollectiveKind::all_gather, b.sharding.dims[d], static_cast<std::int64_t>(d)}, {shape, piece.type().dtype});
-    }
-    return piece;
   }
 
   const StagePlan& plan_;

@@ -211,9 +211,9 @@ class Device {
   // After finish(): when the span started (from the start of the ops) and how long it took; frees its events.
   OpTiming span_times(Span& s) {
     float from_start = 0, took = 0;
-    if (ops_.start != s.start) check_cuda(cudaEventElapsedTime(&from_start, ops_.start, s.start), "cudaEventElapsedTime");
     check_cuda(cudaEventElapsedTime(&took, s.start, s.stop), "cudaEventElapsedTime");
-    if (ops_.start != s.start) {
+    if (s.start != ops_.start) {  // the ops' own span lives as long as the device
+      check_cuda(cudaEventElapsedTime(&from_start, ops_.start, s.start), "cudaEventElapsedTime");
       cudaEventDestroy(s.start);
       cudaEventDestroy(s.stop);
     }
