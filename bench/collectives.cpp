@@ -3,7 +3,7 @@
 //               -o all_reduce|all_gather|reduce_scatter|all_to_all|sendrecv|collective_permute|all
 //               --backend threads|mpi|nccl  --devices 4 (threads)  --mesh batch=2,model=2 --axis model
 //               --json out.json  --raw (mpi: also time MPI called directly; prints the ratio)
-//               --algorithms (mpi: all_reduce two ways, reduce_scatter four)  --calibrate profile.json
+//               --algorithms (mpi: all_reduce three ways, reduce_scatter five)  --calibrate profile.json
 //               --profile machine|default|profile.json (mpi: where all_reduce switches to the ring; machine, the
 //               default: where this machine's cached profile measured it faster, as the examples run)
 // size is the full buffer S in bytes (count = S / 4 floats): the all_reduce buffer, the all_gather result,
@@ -92,7 +92,7 @@ Options parse(int argc, char** argv) {
   app.add_option("--json", o.json_path, "also write the rows as JSON");
   app.add_flag("--raw", o.raw, "mpi: also time MPI called directly and print partir/raw");
   app.add_flag("--algorithms,--rs-alternatives", o.algorithms,
-               "mpi: each algorithm the backend chooses between, side by side (all_reduce two ways, reduce_scatter four)");
+               "mpi: each algorithm the backend chooses between, side by side (all_reduce three ways, reduce_scatter five)");
   app.add_option("--calibrate", o.calibrate_path, "measure this machine and write a hardware profile (JSON) instead");
   app.add_option("--profile", o.profile_path,
                  "mpi: where all_reduce switches to the ring: machine (this machine's cached profile, calibrated on "
@@ -403,7 +403,7 @@ class RawMpi {
     };
   }
 
-  // all_reduce two ways: the figures behind mpi::Communicator::use_ring_all_reduce.
+  // all_reduce three ways: the figures behind mpi::Communicator::all_reduce's choice.
   std::vector<std::pair<std::string, Call>> all_reduce_variants(p::mpi::Communicator& partir) {
     return {
         {"MPI_Allreduce", Call([this](const p::Group& g, CollectiveKind, float* in, float*, std::int64_t count) {
@@ -412,10 +412,13 @@ class RawMpi {
         {"partir ring (MPI_Sendrecv)", Call([&partir](const p::Group& g, CollectiveKind, float* in, float*, std::int64_t count) {
            partir.ring_all_reduce(g, in, count, p::DType::f32);
          })},
+        {"partir shared memory", Call([&partir](const p::Group& g, CollectiveKind, float* in, float*, std::int64_t count) {
+           partir.shared_memory().all_reduce(g, in, count, p::DType::f32);
+         })},
     };
   }
 
-  // reduce_scatter four ways: the figures behind mpi::Communicator::use_ring_reduce_scatter.
+  // reduce_scatter five ways: the figures behind mpi::Communicator::reduce_scatter's choice.
   std::vector<std::pair<std::string, Call>> reduce_scatter_variants(p::mpi::Communicator& partir) {
     auto wrap = [this](auto body) {
       return Call([this, body](const p::Group& g, CollectiveKind, float* in, float* out, std::int64_t count) {
@@ -440,6 +443,9 @@ class RawMpi {
          })},
         {"partir ring (MPI_Sendrecv)", Call([&partir](const p::Group& g, CollectiveKind, float* in, float* out, std::int64_t count) {
            partir.ring_reduce_scatter(g, in, out, count, p::DType::f32);
+         })},
+        {"partir shared memory", Call([&partir](const p::Group& g, CollectiveKind, float* in, float* out, std::int64_t count) {
+           partir.shared_memory().reduce_scatter(g, in, out, count, p::DType::f32);
          })},
     };
   }

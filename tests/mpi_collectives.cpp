@@ -3,7 +3,9 @@
 #include <partir/calibrate/calibrate.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <limits>
 
 #include "collective_checks.hpp"
@@ -19,11 +21,29 @@ int main(int argc, char** argv) {
   {
     partir::mpi::Communicator c;
     static_assert(partir::Communicator<partir::mpi::Communicator>);
-    // all_reduce as the backend picks it by size, then always the ring (small and odd counts too), then MPI's.
-    for (Algorithm a : {Algorithm::automatic, Algorithm::ring, Algorithm::library}) {
+    // The 4 ranks share this host: its shared memory carries every group's collectives (unless PARTIR_MPI_SHM=0).
+    const char* shm_env = std::getenv("PARTIR_MPI_SHM");
+    if (!c.shared_memory().available() && !(shm_env && std::string(shm_env) == "0")) {
+      std::fprintf(stderr, "rank %d: no shared-memory transport: %s\n", c.device(),
+                   c.shared_memory().unavailable_reason().c_str());
+      ++wrong;
+    }
+    // all_reduce as the backend picks it, then always the ring (small and odd counts too), then MPI's, then
+    // shared memory; the other collectives through shared memory, then through MPI alone.
+    for (Algorithm a : {Algorithm::automatic, Algorithm::ring, Algorithm::library, Algorithm::shared_memory}) {
       c.set_all_reduce_algorithm(a);
       wrong += collective_checks::check_all(c);
     }
+    c.set_shared_memory(false);
+    c.set_all_reduce_algorithm(Algorithm::automatic);
+    wrong += collective_checks::check_all(c);
+  }
+  // Shared memory in steps of 4 KiB: every collective above a few hundred elements takes several steps (both
+  // halves of each slot), slices of unequal length included.
+  {
+    partir::mpi::Communicator c(4096);
+    wrong += c.shared_memory().available() && c.shared_memory().chunk_bytes() != 4096;
+    wrong += collective_checks::check_all(c);
   }
   // Automatic choice by size: the default crossover, then a profile's per group size (tune_collectives): pairs
   // from 4 KiB, the 4-rank group never; the checks again under that choice. Calibration times both algorithms

@@ -321,6 +321,10 @@ template <ChoosesAllReduce C>
 std::int64_t ring_all_reduce_from(C& comm, std::int64_t n, const CalibrationOptions& o) {
   const int group_size = static_cast<int>(n);
   const std::int64_t before = comm.ring_all_reduce_from(group_size);
+  // The choice serves groups the host's shared memory does not (those across hosts): MPI's paths are timed.
+  constexpr bool has_shared_memory = requires { comm.set_shared_memory(false); };
+  bool shared_before = false;
+  if constexpr (has_shared_memory) shared_before = comm.shared_memory_enabled(), comm.set_shared_memory(false);
   std::vector<std::pair<std::int64_t, bool>> ring_wins;  // by size, ascending
   for (auto bytes : o.all_reduce_choice_bytes) {
     const auto c = collective_case(CollectiveKind::all_reduce, n, comm.num_devices(), bytes);
@@ -335,6 +339,7 @@ std::int64_t ring_all_reduce_from(C& comm, std::int64_t n, const CalibrationOpti
     ring_wins.emplace_back(c.operand.bytes(), ring <= library);
   }
   comm.set_ring_all_reduce_from(group_size, before);
+  if constexpr (has_shared_memory) comm.set_shared_memory(shared_before);
   std::sort(ring_wins.begin(), ring_wins.end());
   std::int64_t from = ring_all_reduce_never;
   for (auto it = ring_wins.rbegin(); it != ring_wins.rend() && it->second; ++it) from = it->first;

@@ -2,7 +2,9 @@
 // The MPI backend: one rank per device; each group gets a sub-communicator from MPI_Comm_create_group, made
 // by the group's members the first time they use it (collective over the group alone, so pipeline stages
 // that run different programs never wait for each other's groups). Point-to-point sends are nonblocking on
-// a copy of the data, so a send never waits for the stage that receives it.
+// a copy of the data, so a send never waits for the stage that receives it. Collectives of groups within one
+// host run through the host's shared memory (shared_memory.hpp); all_reduce over groups spanning hosts runs
+// in two levels: shared memory inside each host, MPI between them.
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1  // the deprecated C++ bindings: not used, and they do not compile warning-free
 #endif
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "partir/runtime/comm/communicator.hpp"
+#include "partir/runtime/comm/shared_memory.hpp"
 #include "partir/runtime/kernels/kernel_threads.hpp"
 #include "partir/runtime/kernels/malloc_policy.hpp"
 
@@ -135,7 +138,10 @@ void abort_on_error(Fn&& fn) {
 
 class Communicator {
  public:
-  Communicator() {
+  // Collective over MPI_COMM_WORLD (the host's shared segment is mapped here): every rank constructs it.
+  // shared_memory_chunk: bytes per rank and step of the shared-memory collectives (tests make it small).
+  explicit Communicator(std::int64_t shared_memory_chunk = HostSharedMemory::default_chunk_bytes)
+      : shm_(shared_memory_chunk) {
     MPI_Comm_rank(MPI_COMM_WORLD, &device_);
     MPI_Comm_size(MPI_COMM_WORLD, &devices_);
   }
@@ -153,6 +159,17 @@ class Communicator {
   int num_devices() const { return devices_; }
 
   void all_reduce(const Group& g, void* data, std::int64_t n, DType t) {
+    const bool shared = shared_memory_ && (all_reduce_algorithm_ == AllReduceAlgorithm::automatic ||
+                                           all_reduce_algorithm_ == AllReduceAlgorithm::shared_memory);
+    if (shared && shm_.covers(g)) return shm_.all_reduce(g, data, n, t);
+    if (shared)
+      if (const auto levels = shm_.levels(g))  // sum inside each host, then across hosts on 1/k of the buffer
+        return shm_.all_reduce(levels->local, data, n, t,
+                               [&](void* part, std::int64_t len) { mpi_all_reduce(levels->across, part, len, t); });
+    mpi_all_reduce(g, data, n, t);
+  }
+  // all_reduce through MPI alone: partir's ring or MPI_Allreduce, by size.
+  void mpi_all_reduce(const Group& g, void* data, std::int64_t n, DType t) {
     if (use_ring_all_reduce(g.size(), n * size_of(t))) {
       switch (t) {
         case DType::f32: return ring_all_reduce(g, static_cast<float*>(data), n, t);
@@ -165,9 +182,11 @@ class Communicator {
     check(MPI_Allreduce(MPI_IN_PLACE, data, count(n), datatype(t), sum_op(t), comm(g)), "MPI_Allreduce");
   }
   void all_gather(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
+    if (use_shared_memory(g)) return shm_.all_gather(g, in, out, n, t);
     check(MPI_Allgather(in, count(n), datatype(t), out, count(n), datatype(t), comm(g)), "MPI_Allgather");
   }
   void reduce_scatter(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
+    if (use_shared_memory(g)) return shm_.reduce_scatter(g, in, out, n, t);
     if (use_ring_reduce_scatter(g.size(), n * size_of(t))) {
       switch (t) {
         case DType::f32: return ring_reduce_scatter(g, static_cast<const float*>(in), static_cast<float*>(out), n, t);
@@ -181,6 +200,7 @@ class Communicator {
     check(MPI_Reduce_scatter_block(in, out, count(n), datatype(t), sum_op(t), comm(g)), "MPI_Reduce_scatter_block");
   }
   void all_to_all(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
+    if (use_shared_memory(g)) return shm_.all_to_all(g, in, out, n, t);
     check(MPI_Alltoall(in, count(n), datatype(t), out, count(n), datatype(t), comm(g)), "MPI_Alltoall");
   }
   void collective_permute(const Group& g, int to, const void* in, int from, void* out, std::int64_t n, DType t) {
@@ -218,17 +238,28 @@ class Communicator {
     check(MPI_Recv(data, count(n), datatype(t), peer, wire_tag(tag), MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
   }
 
-  // How all_reduce runs: `automatic` picks by size (use_ring_all_reduce); `ring` and `library` force one, for
-  // tests and benchmarks. $PARTIR_MPI_ALL_REDUCE=auto|ring|mpi sets it for a process.
-  enum class AllReduceAlgorithm { automatic, ring, library };
+  // How all_reduce runs: `automatic` takes the host's shared memory where the group allows (inside a host; in
+  // two levels across hosts) and otherwise picks by size (use_ring_all_reduce); `ring`, `library` and
+  // `shared_memory` force one, for tests and benchmarks. $PARTIR_MPI_ALL_REDUCE=auto|ring|mpi|shm sets it for a
+  // process.
+  enum class AllReduceAlgorithm { automatic, ring, library, shared_memory };
   static AllReduceAlgorithm parse_all_reduce_algorithm(std::string_view name) {
     if (name == "auto") return AllReduceAlgorithm::automatic;
     if (name == "ring") return AllReduceAlgorithm::ring;
     if (name == "mpi") return AllReduceAlgorithm::library;
+    if (name == "shm") return AllReduceAlgorithm::shared_memory;
     user_error("PARTIR_MPI_ALL_REDUCE: unknown all_reduce algorithm '" + std::string(name) +
-               "' (auto: by size; ring: partir's reduce_scatter + all_gather ring; mpi: MPI_Allreduce)");
+               "' (auto: shared memory within a host, else by size; ring: partir's reduce_scatter + all_gather ring; "
+               "mpi: MPI_Allreduce; shm: the host's shared memory)");
   }
   void set_all_reduce_algorithm(AllReduceAlgorithm a) { all_reduce_algorithm_ = a; }
+
+  // The shared-memory transport for collectives within a host: on unless $PARTIR_MPI_SHM=0 or the segment could
+  // not be mapped (shared_memory().unavailable_reason() says why).
+  void set_shared_memory(bool on) { shared_memory_ = on; }
+  bool shared_memory_enabled() const { return shared_memory_; }
+  HostSharedMemory& shared_memory() { return shm_; }
+  bool use_shared_memory(const Group& g) const { return shared_memory_ && shm_.covers(g); }
 
   // Open MPI's MPI_Allreduce falls behind on buffers past the caches (64 MiB on 2 ranks: 190-210 ms, some days
   // 33 ms, against the ring's 17-28 ms), while from 1 to 4 MiB it is up to ~25% faster; they cross between 16
@@ -239,7 +270,7 @@ class Communicator {
     switch (all_reduce_algorithm_) {
       case AllReduceAlgorithm::ring: return true;
       case AllReduceAlgorithm::library: return false;
-      case AllReduceAlgorithm::automatic: break;
+      case AllReduceAlgorithm::automatic: case AllReduceAlgorithm::shared_memory: break;
     }
     return bytes >= ring_all_reduce_from(group_size);
   }
@@ -374,6 +405,11 @@ class Communicator {
     const char* env = std::getenv("PARTIR_MPI_ALL_REDUCE");
     return env && *env ? parse_all_reduce_algorithm(env) : AllReduceAlgorithm::automatic;
   }();
+  bool shared_memory_ = [] {
+    const char* env = std::getenv("PARTIR_MPI_SHM");
+    return !(env && std::string_view(env) == "0");
+  }();
+  HostSharedMemory shm_;
   std::map<int, std::int64_t> ring_from_;  // by group size; others: default_ring_all_reduce_from
   std::map<std::vector<int>, MPI_Comm> comms_;
   std::vector<std::byte> ring_scratch_;  // one received segment
