@@ -55,6 +55,7 @@ struct Options {
   int devices = 0;  // threads: 2; nccl: every GPU present
   std::string mesh, axis, json_path, calibrate_path, profile_path = "machine";
   bool raw = false, algorithms = false;
+  std::optional<p::HardwareProfile> profile;  // mpi: the one tuning the backend; its prediction is printed per row
 };
 
 [[noreturn]] void fail(const std::string& why) {
@@ -215,7 +216,7 @@ struct Row {
   std::int64_t bytes, count;
   double seconds, algbw, busbw;
   long wrong;
-  std::optional<double> raw_seconds, raw_busbw;
+  std::optional<double> raw_seconds, raw_busbw, predicted_seconds;
 };
 
 // Where the timed calls' buffers live: host vectors, or (NCCL) device memory from this hook, which returns
@@ -244,7 +245,9 @@ std::vector<Row> sweep(C& comm, const Options& o, const p::Mesh& mesh, const p::
                                                 [&] { c(g, kind, timed_in, timed_out, b.count); });
       };
       // Rounds alternate partir and raw, so that both see the same machine; the best round of each counts.
-      Row r{row_name(kind), std::max(b.in, b.out) * 4, std::max(b.in, b.out), 1e30, 0, 0, 0, {}, {}};
+      Row r{row_name(kind), std::max(b.in, b.out) * 4, std::max(b.in, b.out), 1e30, 0, 0, 0, {}, {}, {}};
+      if (o.profile)  // what the simulator charges for this collective
+        r.predicted_seconds = p::ring_seconds(kind, n, static_cast<double>(r.bytes), o.profile->link(kind, axes, n));
       for (int round = 0; round < o.rounds; ++round) {
         r.seconds = std::min(r.seconds, time(call));
         if (raw) r.raw_seconds = std::min(r.raw_seconds.value_or(1e30), time(*raw));
@@ -271,8 +274,10 @@ void print(const std::vector<Row>& rows, const Options& o, const std::string& se
   std::printf("# %-14s %12s %12s %6s %6s %10s %8s %8s %6s", "collective", "size", "count", "type", "redop", "time",
               "algbw", "busbw", "#wrong");
   if (o.raw) std::printf(" %10s %8s %7s", "raw time", "raw bus", "ratio");
+  if (o.profile) std::printf(" %10s %9s", "predicted", "pred/time");
   std::printf("\n# %-14s %12s %12s %6s %6s %10s %8s %8s %6s", "", "(B)", "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "");
   if (o.raw) std::printf(" %10s %8s %7s", "(us)", "(GB/s)", "");
+  if (o.profile) std::printf(" %10s %9s", "(us)", "");
   std::printf("\n");
   for (const auto& r : rows) {
     const bool reduces = r.op == "all_reduce" || r.op == "reduce_scatter";
@@ -280,6 +285,7 @@ void print(const std::vector<Row>& rows, const Options& o, const std::string& se
                 static_cast<long long>(r.count), "float", reduces ? "sum" : "none", r.seconds * 1e6, r.algbw, r.busbw,
                 r.wrong);
     if (r.raw_seconds) std::printf(" %10.2f %8.3f %7.3f", *r.raw_seconds * 1e6, *r.raw_busbw, r.busbw / *r.raw_busbw);
+    if (r.predicted_seconds) std::printf(" %10.2f %9.3f", *r.predicted_seconds * 1e6, *r.predicted_seconds / r.seconds);
     std::printf("\n");
   }
   if (o.raw) {  // the target: partir >= 0.95x raw busbw from 1 MiB up
@@ -292,10 +298,21 @@ void print(const std::vector<Row>& rows, const Options& o, const std::string& se
         any = true;
       }
     if (any) std::printf("# partir/raw busbw, sizes >= 1 MiB: worst %.3f (target >= 0.95)\n", worst);
+    const Row* lowest = nullptr;  // over every size
+    for (const auto& r : rows)
+      if (r.raw_busbw && (!lowest || r.busbw / *r.raw_busbw < lowest->busbw / *lowest->raw_busbw)) lowest = &r;
+    if (lowest)
+      std::printf("worst row partir/raw: %.3f (%s, %lld B)\n", lowest->busbw / *lowest->raw_busbw, lowest->op.c_str(),
+                  static_cast<long long>(lowest->bytes));
     for (const auto& r : rows)
       if (r.op == "all_reduce" && r.bytes == (64 << 20) && r.raw_busbw)
         std::printf("all_reduce 64 MiB partir/raw: %.2f\n", r.busbw / *r.raw_busbw);
   }
+  std::string errors;  // the simulator's charge for all_reduce against its measured time
+  for (const auto& r : rows)
+    if (r.op == "all_reduce" && r.predicted_seconds && (r.bytes == (1 << 20) || r.bytes == (16 << 20) || r.bytes == (64 << 20)))
+      errors += " " + std::to_string(r.bytes >> 20) + " MiB " + std::to_string(*r.predicted_seconds / r.seconds - 1).substr(0, 6);
+  if (!errors.empty()) std::printf("simulator all_reduce predicted/measured - 1:%s (--profile %s)\n", errors.c_str(), o.profile_path.c_str());
 }
 
 void write_json(const std::vector<Row>& rows, const std::string& path, const std::string& setup) {
@@ -542,14 +559,16 @@ int main(int argc, char** argv) {
       p::mpi::Communicator comm;
       RawMpi raw;
       // The all_reduce algorithm a training run would use: the examples tune it from the machine's profile.
-      if (o.profile_path == "machine") p::tune_collectives(comm, p::machine_profile(comm));
-      else if (o.profile_path != "default") p::tune_collectives(comm, p::HardwareProfile::load(o.profile_path));
+      Options tuned = o;
+      if (o.profile_path == "machine") tuned.profile = p::machine_profile(comm);
+      else if (o.profile_path != "default") tuned.profile = p::HardwareProfile::load(o.profile_path);
+      if (tuned.profile) p::tune_collectives(comm, *tuned.profile);
       if (o.algorithms) {
         compare_algorithms(comm, o, CollectiveKind::all_reduce, raw.all_reduce_variants(comm));
         compare_algorithms(comm, o, CollectiveKind::reduce_scatter, raw.reduce_scatter_variants(comm));
       } else {
         const Call raw_call = raw.call();
-        run(comm, o, o.raw ? &raw_call : nullptr);
+        run(comm, tuned, o.raw ? &raw_call : nullptr);
       }
 #else
       fail("--backend mpi: this build has no MPI (configure with -Dmpi=enabled and an MPI installation)");

@@ -5,18 +5,33 @@
 //   in-flight     rank 2's token ids are out of range: it fails in the embedding's gather, while the other
 //                 ranks go on computing with the loss's all_reduce and the gradient reductions handed to their
 //                 communication streams (non-blocking), which wait for rank 2.
+//   killed        rank 2 is killed (SIGKILL) while the others wait for it inside a shared-memory all_reduce.
 #include <partir/partir.hpp>
 #include <partir/runtime/comm/mpi.hpp>
 
+#include <chrono>
+#include <csignal>
 #include <string>
+#include <thread>
+#include <vector>
 
 namespace p = partir;
 
 int main(int argc, char** argv) {
   p::mpi::Session session(argc, argv);
   p::mpi::abort_on_error([&] {
-    const bool in_flight = argc > 1 && std::string(argv[1]) == "in-flight";
+    const std::string mode = argc > 1 ? argv[1] : "";
+    const bool in_flight = mode == "in-flight";
     p::mpi::Communicator comm;
+    if (mode == "killed") {
+      std::vector<float> x(std::size_t{1} << 20, 1.0f);
+      if (comm.device() == 2) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the others are in the collective by now
+        std::raise(SIGKILL);
+      }
+      comm.all_reduce(p::Group{{0, 1, 2, 3}}, x.data(), static_cast<std::int64_t>(x.size()), p::DType::f32);
+      return;
+    }
     if (in_flight) {
       const p::nn::Embedding embed{"params/embed", 10, 8};
       const p::nn::Mlp head{"params/head", {8, 16, 8}};

@@ -3,9 +3,10 @@
 its own hostname) stand in for two machines. mpirun starts on h0 from a hostfile (2 slots each) and reaches h1
 through an rsh agent that enters h1's namespace, as ssh would log in; the ranks talk over TCP on the veth (shared
 memory within a host). mlp_train and gpt_train with bp,mp and bp,z3 on 4 ranks end with one device's losses
-(relative 1e-3), and with PARTIR_NUM_THREADS=4 each host's 2 ranks get 2 kernel threads each. Needs root (SKIP,
-exit 77, where namespaces cannot be made); the namespaces and everything in them are removed at the end.
-usage: multihost.py MPIRUN MLP_TRAIN GPT_TRAIN"""
+(relative 1e-3), and with PARTIR_NUM_THREADS=4 each host's 2 ranks get 2 kernel threads each; under batch=4 the
+gradients' all_reduce runs in two levels (each host's shared memory, then TCP), as do mpi_collectives' checks over
+all 4 ranks. Needs root (SKIP, exit 77, where namespaces cannot be made); the namespaces and everything in them are
+removed at the end.  usage: multihost.py MPIRUN MLP_TRAIN GPT_TRAIN MPI_COLLECTIVES"""
 import os
 import re
 import shutil
@@ -15,7 +16,7 @@ import sys
 import tempfile
 import time
 
-mpirun, mlp, gpt = sys.argv[1], os.path.abspath(sys.argv[2]), os.path.abspath(sys.argv[3])
+mpirun, mlp, gpt, collectives = sys.argv[1], *(os.path.abspath(a) for a in sys.argv[2:5])
 tag = f"partir{os.getpid()}"
 hosts = {"10.77.0.1": ("h0", f"{tag}h0"), "10.77.0.2": ("h1", f"{tag}h1")}  # address: (hostname, namespace)
 veth = (f"pt{os.getpid()}a", f"pt{os.getpid()}b")  # interface names: at most 15 characters
@@ -142,11 +143,18 @@ try:
     if rc == 0 or "unable to reach each other" not in out:
         sys.exit(f"FAIL: without btl tcp the ranks of h0 and h1 still reached each other (exit {rc}): the two hosts "
                  f"share something besides the network:\n{out}")
+    # Every collective against its known result: pairs within a host (shared memory), pairs across the hosts
+    # (TCP), all 4 (all_reduce in two levels).
+    out = run(launch + [collectives], "mpi_collectives on h0 and h1")
+    for line in ("shared memory: 2 ranks on this host; all_reduce over all 4: in two levels", "0 wrong elements"):
+        if line not in out:
+            sys.exit(f"FAIL: mpi_collectives on h0 and h1 does not print '{line}':\n{out}")
+    print("ok: mpi_collectives on h0 and h1: every collective right, all_reduce over 4 ranks in two levels")
     for name, cmd in examples.items():
         single = losses(run(cmd + ["--mesh", "batch=1", "--schedule", "none"], name + " on one device"), name)
-        for schedule in ("bp,mp", "bp,z3"):
-            what = f"{name} --backend mpi --mesh batch=2,model=2 --schedule {schedule} on h0 and h1"
-            out = run(launch + cmd + ["--backend", "mpi", "--mesh", "batch=2,model=2", "--schedule", schedule], what)
+        for mesh, schedule in (("batch=2,model=2", "bp,mp"), ("batch=2,model=2", "bp,z3"), ("batch=4", "bp")):
+            what = f"{name} --backend mpi --mesh {mesh} --schedule {schedule} on h0 and h1"
+            out = run(launch + cmd + ["--backend", "mpi", "--mesh", mesh, "--schedule", schedule], what)
             got = losses(out, what)
             if got.keys() != single.keys() or any(abs(got[s] - single[s]) > 1e-3 * (1 + abs(single[s])) for s in single):
                 sys.exit(f"FAIL: {what}: losses {got} vs one device's {single}")

@@ -228,6 +228,51 @@ TEST_CASE("hardware profile: the most specific link rule wins") {
                        UserError);
 }
 
+TEST_CASE("cost model: collectives across hosts, in two levels where the mpi backend runs them so") {
+  // Hosts of 2 devices: within one, alpha 1 us and 1 ns/byte; between them, 10 us and 10 ns/byte.
+  HardwareProfile hw = unit_profile();
+  hw.devices_per_host = 2;
+  hw.between_hosts = {1e-5, 1e-8, {}};
+  using CK = CollectiveKind;
+  const double bytes = 4000;
+  const Mesh grid{{"batch", 2}, {"model", 2}};  // model pairs {0,1} {2,3} within hosts; batch pairs across them
+  // Within a host: 2 (n-1) (alpha + beta S / n) on the host's link = 2 (1 us + 2 us).
+  CHECK(collective_seconds({CK::all_reduce, {"model"}}, grid, 0, bytes, hw) == doctest::Approx(6e-6));
+  CHECK(collective_seconds({CK::all_reduce, {"model"}}, grid, 3, bytes, hw) == doctest::Approx(6e-6));
+  // One member per host: the ring between hosts = 2 (10 us + 20 us).
+  CHECK(collective_seconds({CK::all_reduce, {"batch"}}, grid, 1, bytes, hw) == doctest::Approx(60e-6));
+  // All 4, 2 per host: within each host (6 us), then across on half the buffer: 2 (10 us + 10 us).
+  CHECK(collective_seconds({CK::all_reduce, {"batch", "model"}}, grid, 0, bytes, hw) == doctest::Approx(46e-6));
+  // Other collectives spanning hosts: one ring over all 4, paced by its hops between hosts: 3 (10 us + 10 us).
+  CHECK(collective_seconds({CK::all_gather, {"batch", "model"}}, grid, 2, bytes, hw) == doctest::Approx(60e-6));
+  // A pipeline send: one hop, within a host (stages on devices 0 and 1) or between hosts (0 and 2).
+  const Mesh stage_minor{{"batch", 2}, {"stage", 2}}, stage_major{{"stage", 2}, {"batch", 2}};
+  Collective send{CK::send, {"stage"}};
+  send.peer = 1;
+  CHECK(collective_seconds(send, stage_minor, 0, bytes, hw) == doctest::Approx(1e-6 + 4e-6));
+  CHECK(collective_seconds(send, stage_major, 0, bytes, hw) == doctest::Approx(1e-5 + 4e-5));
+  // Uneven members per host (3 devices a host, a group of 4): one ring paced by the hops between hosts.
+  hw.devices_per_host = 3;
+  CHECK(collective_seconds({CK::all_reduce, {"batch", "model"}}, grid, 0, bytes, hw) == doctest::Approx(6 * (1e-5 + 1e-5)));
+  // Every device on one host: the host's link alone.
+  hw.devices_per_host = 0;
+  CHECK(collective_seconds({CK::all_reduce, {"batch"}}, grid, 1, bytes, hw) == doctest::Approx(6e-6));
+
+  // The simulator costs each collective so: BP on 4 devices, 2 hosts of 2 vs one host of 4.
+  const Program step = train_step([](Tensor x, Tensor y) { return mse(nn::Mlp{"mlp", {8, 16, 8}}(x), y); }, SGD{0.1},
+                                  {{"x", {16, 8}}, {"y", {16, 8}}});
+  const SpmdProgram bp = lower(partition(step, Mesh{{"batch", 4}}, {data_parallel("batch")}));
+  HardwareProfile one_host = unit_profile(), two_hosts = unit_profile();
+  two_hosts.devices_per_host = 2;
+  two_hosts.between_hosts = hw.between_hosts;
+  const Report near = simulate(bp, one_host, {.overlap = false}), far = simulate(bp, two_hosts, {.overlap = false});
+  double expected = 0;
+  for (const TimedOp* c : near.collectives())
+    expected += collective_seconds(*bp.op(c->value).collective, bp.mesh(), 0, c->bytes, two_hosts);
+  CHECK(far.communication_seconds == doctest::Approx(expected));
+  CHECK(far.communication_seconds > near.communication_seconds);
+}
+
 TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
   for (const auto& name : HardwareProfile::builtin_names()) {
     const HardwareProfile hw = HardwareProfile::builtin(name);
@@ -243,6 +288,8 @@ TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
   hw.elementwise_flops = {{DType::f32, 9e9}};
   hw.memory_capacity = std::int64_t{141} << 30;
   hw.ring_all_reduce_from = {{2, std::int64_t{16} << 20}, {4, std::numeric_limits<std::int64_t>::max()}};
+  hw.devices_per_host = 8;
+  hw.between_hosts = {5e-6, 1e-10, {{1 << 20, 1e-4}, {1 << 24, 2e-3}}};
   CHECK(HardwareProfile::from_json(json::parse(hw.to_json().dump(2))) == hw);
 
   const std::string path = "test_sim_profile.json";
@@ -269,6 +316,11 @@ TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
   CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(
                            R"({"name": "x", "peak_flops": {}, "memory_bandwidth": 1, "ring_all_reduce_from": {"pair": 1}})")),
                        "hardware profile: ring_all_reduce_from: 'pair' is not a group size (an integer >= 2)", UserError);
+  CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(
+                           R"({"name": "x", "peak_flops": {}, "memory_bandwidth": 1, "links": [], "devices_per_host": 4})")),
+                       "hardware profile 'x': devices_per_host 4 needs a between_hosts link {\"alpha\": seconds, "
+                       "\"beta\": seconds per byte}",
+                       UserError);
 }
 
 TEST_CASE("calibrate: a ring's fit keeps a finite bandwidth when noise orders the samples wrong") {

@@ -387,8 +387,12 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
   hw.memory_capacity = static_cast<std::int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / devices;
   hw.overlap = 0;  // the CPU backends' collectives copy and add on the cores that compute
 
-  for (std::int64_t n = 2; n <= devices; ++n) {
-    if (devices % n) continue;
+  // The mpi backend knows which ranks share a host: `links` are measured on groups within one.
+  std::int64_t per_host = devices;
+  if constexpr (requires { comm.shared_memory().ranks_on_this_host(); })
+    if (devices % comm.shared_memory().ranks_on_this_host() == 0) per_host = comm.shared_memory().ranks_on_this_host();
+  for (std::int64_t n = 2; n <= per_host; ++n) {
+    if (per_host % n) continue;
     if constexpr (ChoosesAllReduce<C>) hw.ring_all_reduce_from[n] = cal::ring_all_reduce_from(comm, n, o);
     for (auto kind : {CollectiveKind::all_reduce, CollectiveKind::all_gather, CollectiveKind::reduce_scatter,
                       CollectiveKind::all_to_all}) {
@@ -403,6 +407,18 @@ HardwareProfile calibrate(C& comm, const CalibrationOptions& o = {}) {
       link.measured = samples;
       hw.links.push_back({"*", std::string(name_of(kind)), n, std::move(link)});
     }
+  }
+  // Several hosts: the link between them, from all_reduces over groups of one device per host.
+  if (const std::int64_t hosts = devices / per_host; hosts > 1) {
+    hw.devices_per_host = per_host;
+    std::vector<std::pair<double, double>> samples;
+    for (auto bytes : o.message_bytes) {
+      auto c = cal::collective_case(CollectiveKind::all_reduce, hosts, devices, bytes);
+      c.mesh = Mesh{{"group", hosts}, {"rest", per_host}};  // the group's axis major: its members on different hosts
+      samples.emplace_back(static_cast<double>(c.operand.bytes()), cal::collective_seconds(comm, c, o));
+    }
+    hw.between_hosts = cal::fit_ring(samples, 2.0 * static_cast<double>(hosts - 1), static_cast<double>(hosts));
+    hw.between_hosts.measured = samples;
   }
   // Any other collective (group sizes not measured): the all_reduce line of the largest group (its measured
   // times are of that group size).

@@ -16,6 +16,7 @@
 //   all_reduce twice that, or the link's measured times where it has them; all_slice communicates nothing
 //   and is costed as the local copy it is.
 #include <algorithm>
+#include <map>
 #include <span>
 
 #include "partir/sharding/rules.hpp"
@@ -122,6 +123,35 @@ inline double ring_seconds(CollectiveKind k, std::int64_t n, double bytes, const
   }
   const double steps = static_cast<double>((k == CollectiveKind::all_reduce ? 2 : 1) * (n - 1));
   return steps * (link.alpha + link.beta * bytes / static_cast<double>(n));
+}
+
+// The time of collective c on `device`'s group, moving a buffer of `bytes` (the larger of operand and result).
+// Within one host (or with no hosts in the profile): the ring on the axes' link. A group spanning hosts: an
+// all_reduce with the same m >= 2 members on each host in two levels, as the mpi backend runs it
+// (HostSharedMemory::levels): within each host over the whole buffer, then across hosts on 1/m of it; any other
+// collective as one ring, paced by its hops between hosts; a send or permute between hosts, one hop there.
+inline double collective_seconds(const Collective& c, const Mesh& mesh, std::int64_t device, double bytes,
+                                 const HardwareProfile& hw) {
+  const std::int64_t n = is_point_to_point(c.kind) ? 2 : tile_count(c.axes, mesh);
+  auto within = [&](CollectiveKind k, std::int64_t size, double b) { return ring_seconds(k, size, b, hw.link(k, c.axes, size)); };
+  if (hw.devices_per_host <= 0 || n <= 1) return within(c.kind, n, bytes);
+  std::vector<std::int64_t> members;
+  if (c.kind == CollectiveKind::send || c.kind == CollectiveKind::recv) {  // this device and its peer stage's
+    auto at = mesh.coordinates(device);
+    at[static_cast<std::size_t>(mesh.axis_index(c.axes.at(0)))] = c.peer;
+    members = {device, mesh.device_at(at)};
+  } else {
+    members = mesh.group(device, c.axes);
+  }
+  std::map<std::int64_t, std::int64_t> per_host;  // members on each host
+  for (auto d : members) ++per_host[d / hw.devices_per_host];
+  if (per_host.size() == 1) return within(c.kind, n, bytes);
+  const auto hosts = static_cast<std::int64_t>(per_host.size());
+  const std::int64_t m = per_host.begin()->second;
+  const bool even = std::all_of(per_host.begin(), per_host.end(), [&](const auto& h) { return h.second == m; });
+  if (c.kind == CollectiveKind::all_reduce && m >= 2 && even)
+    return within(c.kind, m, bytes) + ring_seconds(c.kind, hosts, bytes / static_cast<double>(m), hw.between_hosts);
+  return ring_seconds(c.kind, n, bytes, hw.between_hosts);
 }
 
 // Bytes each device sends in the ring algorithm: what ZeRO's "2 Psi per device" counts.

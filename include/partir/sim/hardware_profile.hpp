@@ -86,6 +86,12 @@ struct HardwareProfile {
   // (ring_all_reduce_never: at none). tune_collectives gives them to a communicator; a group size without an
   // entry keeps its default.
   std::map<std::int64_t, std::int64_t> ring_all_reduce_from;
+  // Hosts: device ids fill them in order, devices_per_host to a host (mpirun's default placement; 0: every device
+  // on one host). `links` cost collectives among the devices of one host; `between_hosts` (per device: a ring
+  // with one member per host) costs the rest, in two levels where the mpi backend runs them so
+  // (collective_seconds, sim/cost_model.hpp).
+  std::int64_t devices_per_host = 0;
+  Link between_hosts;
 
   double flops_per_second(DType t) const {
     auto it = peak_flops.find(t);
@@ -283,7 +289,9 @@ PARTIR_ENTRY json::Value HardwareProfile::to_json() const {
   return {{"name", name}, {"source", source}, {"peak_flops", flops}, {"gemm_curve", gemm_curve},
           {"elementwise_flops", elementwise}, {"memory_bandwidth", memory_bandwidth}, {"op_bandwidth", per_op},
           {"cache_curve", cache_curve}, {"op_overhead", op_overhead}, {"memory_capacity", memory_capacity},
-          {"links", rules}, {"overlap", overlap}, {"ring_all_reduce_from", ring_from}};
+          {"links", rules}, {"overlap", overlap}, {"ring_all_reduce_from", ring_from},
+          {"devices_per_host", devices_per_host},
+          {"between_hosts", {{"alpha", between_hosts.alpha}, {"beta", between_hosts.beta}, {"measured", between_hosts.measured}}}};
 }
 
 PARTIR_ENTRY HardwareProfile HardwareProfile::from_json(const json::Value& v) {
@@ -309,6 +317,15 @@ PARTIR_ENTRY HardwareProfile HardwareProfile::from_json(const json::Value& v) {
         user_error("hardware profile: ring_all_reduce_from: '" + n + "' is not a group size (an integer >= 2)");
       p.ring_all_reduce_from[size] = get<std::int64_t>(b);
     }
+  if (auto* d = json::find(v, "devices_per_host")) p.devices_per_host = get<std::int64_t>(*d);
+  if (p.devices_per_host < 0) user_error("hardware profile: devices_per_host must be >= 0 (0: one host)");
+  if (auto* b = json::find(v, "between_hosts")) {
+    p.between_hosts = {get<double>(json::at(*b, "alpha")), get<double>(json::at(*b, "beta")), {}};
+    if (auto* m = json::find(*b, "measured")) p.between_hosts.measured = points(*m, "between_hosts: measured", "[bytes, seconds]");
+  } else if (p.devices_per_host > 0) {
+    user_error("hardware profile '" + p.name + "': devices_per_host " + std::to_string(p.devices_per_host) +
+               " needs a between_hosts link {\"alpha\": seconds, \"beta\": seconds per byte}");
+  }
   const json::Value links = json::at(v, "links");  // a copy: GCC 13 cannot tell the reference outlives "links"
   for (const auto& r : json::as_array(links)) {
     LinkRule rule;

@@ -41,7 +41,9 @@ inline Report simulate(const SpmdProgram& p, const HardwareProfile& hw, const Si
 #if PARTIR_DEFINE_ENTRIES
 namespace detail {
 
-inline Report simulate_stage(const StagePlan& plan, const HardwareProfile& hw) {
+// `device`: one of the stage's devices, whose groups' placement on hosts is costed (every device of a stage runs
+// the same program; a profile without hosts costs any group alike).
+inline Report simulate_stage(const StagePlan& plan, const HardwareProfile& hw, std::int64_t device = 0) {
   const SpmdProgram& p = *plan.program;
   const Mesh& mesh = p.mesh();
   Report r;
@@ -93,7 +95,7 @@ inline Report simulate_stage(const StagePlan& plan, const HardwareProfile& hw) {
         t.group_size = is_point_to_point(c.kind) ? 2 : group_size(c, mesh);
         t.bytes = static_cast<double>(std::max(operand_types.empty() ? 0 : operand_types[0].bytes(), s.op.type.bytes()));
         t.wire_bytes = wire_bytes(c.kind, t.group_size, t.bytes);
-        t.seconds = ring_seconds(c.kind, t.group_size, t.bytes, hw.link(c.kind, c.axes, t.group_size));
+        t.seconds = collective_seconds(c, mesh, device, t.bytes, hw);
         t.bound = "link";
         t.reason = c.reason;
         r.communication_seconds += t.seconds;
@@ -181,7 +183,11 @@ inline Report simulate_pipeline(const ExecutionPlan& plan, const HardwareProfile
   const int stages = p.pipeline()->stages;
   std::vector<Report> alone;
   std::vector<std::pair<int, const TimedOp*>> timed(static_cast<std::size_t>(p.size()), {-1, nullptr});
-  for (const StagePlan& stage : plan.stages()) alone.push_back(simulate_stage(stage, hw));
+  for (const StagePlan& stage : plan.stages()) {
+    std::int64_t first = 0;  // the stage's first device
+    while (first + 1 < p.mesh().num_devices() && p.stage_of(first) != stage.stage) ++first;
+    alone.push_back(simulate_stage(stage, hw, first));
+  }
   for (const StagePlan& stage : plan.stages())
     for (const auto& t : alone[static_cast<std::size_t>(stage.stage)].timeline)
       timed[static_cast<std::size_t>(stage.original(t.value))] = {stage.stage, &t};
