@@ -54,7 +54,8 @@ class HostSharedMemory {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &ranks_);
     MPI_Comm host;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host);
+    if (MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &host) != MPI_SUCCESS)
+      user_error("mpi backend: MPI_Comm_split_type (the ranks of this host) failed");
     MPI_Comm_rank(host, &local_);
     MPI_Comm_size(host, &locals_);
     // Which host each rank is on (named by its first rank), and its index there.
@@ -100,9 +101,9 @@ class HostSharedMemory {
     std::vector<std::vector<int>> members;
     for (int d : g.devices) {
       const int h = host_of_[static_cast<std::size_t>(d)];
-      auto it = std::find(hosts.begin(), hosts.end(), h);
-      if (it == hosts.end()) hosts.push_back(h), members.emplace_back();
-      members[static_cast<std::size_t>(std::find(hosts.begin(), hosts.end(), h) - hosts.begin())].push_back(d);
+      const auto at = static_cast<std::size_t>(std::find(hosts.begin(), hosts.end(), h) - hosts.begin());
+      if (at == hosts.size()) hosts.push_back(h), members.emplace_back();
+      members[at].push_back(d);
     }
     const std::size_t per_host = members[0].size();
     if (per_host < 2 || hosts.size() < 2 ||
