@@ -28,11 +28,11 @@ int main(int argc, char** argv) {
                    c.shared_memory().unavailable_reason().c_str());
       ++wrong;
     }
-    // How the group of all 4 all-reduces: within this host, or in two levels where 2 hosts hold 2 ranks each
+    // How the group of all 4 reduces and gathers: within this host, or in two levels where 2 hosts hold 2 ranks each
     // (multihost.py runs this program so and looks for the line).
     const partir::Group all{{0, 1, 2, 3}};
     if (c.device() == 0)
-      std::printf("shared memory: %d ranks on this host; all_reduce over all 4: %s\n",
+      std::printf("shared memory: %d ranks on this host; all_reduce, reduce_scatter, all_gather over all 4: %s\n",
                   c.shared_memory().ranks_on_this_host(),
                   c.shared_memory().covers(all) ? "within the host" : c.shared_memory().levels(all) ? "in two levels" : "MPI");
     // all_reduce as the backend picks it, then always the ring (small and odd counts too), then MPI's, then

@@ -144,12 +144,13 @@ try:
         sys.exit(f"FAIL: without btl tcp the ranks of h0 and h1 still reached each other (exit {rc}): the two hosts "
                  f"share something besides the network:\n{out}")
     # Every collective against its known result: pairs within a host (shared memory), pairs across the hosts
-    # (TCP), all 4 (all_reduce in two levels).
+    # (TCP), all 4 (all_reduce, reduce_scatter and all_gather in two levels).
     out = run(launch + [collectives], "mpi_collectives on h0 and h1")
-    for line in ("shared memory: 2 ranks on this host; all_reduce over all 4: in two levels", "0 wrong elements"):
+    for line in ("shared memory: 2 ranks on this host; all_reduce, reduce_scatter, all_gather over all 4: in two levels",
+                 "0 wrong elements"):
         if line not in out:
             sys.exit(f"FAIL: mpi_collectives on h0 and h1 does not print '{line}':\n{out}")
-    print("ok: mpi_collectives on h0 and h1: every collective right, all_reduce over 4 ranks in two levels")
+    print("ok: mpi_collectives on h0 and h1: every collective right, all_reduce, reduce_scatter and all_gather over 4 ranks in two levels")
     for name, cmd in examples.items():
         single = losses(run(cmd + ["--mesh", "batch=1", "--schedule", "none"], name + " on one device"), name)
         for mesh, schedule in (("batch=2,model=2", "bp,mp"), ("batch=2,model=2", "bp,z3"), ("batch=4", "bp")):

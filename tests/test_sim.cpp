@@ -243,8 +243,11 @@ TEST_CASE("cost model: collectives across hosts, in two levels where the mpi bac
   CHECK(collective_seconds({CK::all_reduce, {"batch"}}, grid, 1, bytes, hw) == doctest::Approx(60e-6));
   // All 4, 2 per host: within each host (6 us), then across on half the buffer: 2 (10 us + 10 us).
   CHECK(collective_seconds({CK::all_reduce, {"batch", "model"}}, grid, 0, bytes, hw) == doctest::Approx(46e-6));
+  // reduce_scatter and all_gather too: within each host (1 us + 2 us), across on half: 10 us + 10 us.
+  CHECK(collective_seconds({CK::reduce_scatter, {"batch", "model"}}, grid, 2, bytes, hw) == doctest::Approx(23e-6));
+  CHECK(collective_seconds({CK::all_gather, {"batch", "model"}}, grid, 1, bytes, hw) == doctest::Approx(23e-6));
   // Other collectives spanning hosts: one ring over all 4, paced by its hops between hosts: 3 (10 us + 10 us).
-  CHECK(collective_seconds({CK::all_gather, {"batch", "model"}}, grid, 2, bytes, hw) == doctest::Approx(60e-6));
+  CHECK(collective_seconds({CK::all_to_all, {"batch", "model"}}, grid, 2, bytes, hw) == doctest::Approx(60e-6));
   // A pipeline send: one hop, within a host (stages on devices 0 and 1) or between hosts (0 and 2).
   const Mesh stage_minor{{"batch", 2}, {"stage", 2}}, stage_major{{"stage", 2}, {"batch", 2}};
   Collective send{CK::send, {"stage"}};

@@ -126,9 +126,9 @@ inline double ring_seconds(CollectiveKind k, std::int64_t n, double bytes, const
 }
 
 // The time of collective c on `device`'s group, moving a buffer of `bytes` (the larger of operand and result).
-// Within one host (or with no hosts in the profile): the ring on the axes' link. A group spanning hosts: an
-// all_reduce with the same m >= 2 members on each host in two levels, as the mpi backend runs it
-// (HostSharedMemory::levels): within each host over the whole buffer, then across hosts on 1/m of it; any other
+// Within one host (or with no hosts in the profile): the ring on the axes' link. A group spanning hosts with the
+// same m >= 2 members on each: all_reduce, reduce_scatter and all_gather in two levels, as the mpi backend runs
+// them (HostSharedMemory::levels): within each host over the whole buffer, across hosts on 1/m of it; any other
 // collective as one ring, paced by its hops between hosts; a send or permute between hosts, one hop there.
 inline double collective_seconds(const Collective& c, const Mesh& mesh, std::int64_t device, double bytes,
                                  const HardwareProfile& hw) {
@@ -149,7 +149,9 @@ inline double collective_seconds(const Collective& c, const Mesh& mesh, std::int
   const auto hosts = static_cast<std::int64_t>(per_host.size());
   const std::int64_t m = per_host.begin()->second;
   const bool even = std::all_of(per_host.begin(), per_host.end(), [&](const auto& h) { return h.second == m; });
-  if (c.kind == CollectiveKind::all_reduce && m >= 2 && even)
+  const bool two_levels = c.kind == CollectiveKind::all_reduce || c.kind == CollectiveKind::reduce_scatter ||
+                          c.kind == CollectiveKind::all_gather;
+  if (two_levels && m >= 2 && even)
     return within(c.kind, m, bytes) + ring_seconds(c.kind, hosts, bytes / static_cast<double>(m), hw.between_hosts);
   return ring_seconds(c.kind, n, bytes, hw.between_hosts);
 }

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstring>
 #include <cstdlib>
 #include <cstdio>
 #include <exception>
@@ -183,10 +184,14 @@ class Communicator {
   }
   void all_gather(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
     if (use_shared_memory(g)) return shm_.all_gather(g, in, out, n, t);
+    if (shared_memory_)
+      if (const auto levels = shm_.levels(g)) return two_level_all_gather(*levels, in, out, n, t);
     check(MPI_Allgather(in, count(n), datatype(t), out, count(n), datatype(t), comm(g)), "MPI_Allgather");
   }
   void reduce_scatter(const Group& g, const void* in, void* out, std::int64_t n, DType t) {
     if (use_shared_memory(g)) return shm_.reduce_scatter(g, in, out, n, t);
+    if (shared_memory_)
+      if (const auto levels = shm_.levels(g)) return two_level_reduce_scatter(*levels, in, out, n, t);
     if (use_ring_reduce_scatter(g.size(), n * size_of(t))) {
       switch (t) {
         case DType::f32: return ring_reduce_scatter(g, static_cast<const float*>(in), static_cast<float*>(out), n, t);
@@ -317,6 +322,35 @@ class Communicator {
     for (int s = 0; s + 1 < k; ++s) step(block(me + 1 - s), block(me - s), false);
   }
 
+  // reduce_scatter and all_gather over a group spanning hosts, in two levels: within each host through shared
+  // memory on the whole buffer, across hosts through MPI on 1/m of it (each of a host's m members carries the
+  // blocks of the members at its position on every host). Blocks are arranged by (position on host, host) for
+  // the host's level: block (i, a) is the group's block of host a's i-th member.
+  void two_level_reduce_scatter(const HostSharedMemory::Levels& l, const void* in, void* out, std::int64_t n, DType t) {
+    const std::size_t hosts = l.position.size(), block = static_cast<std::size_t>(n * size_of(t));
+    const std::size_t m = l.position[0].size();
+    level_scratch_.resize(block * hosts * (m + 1));
+    std::byte* arranged = level_scratch_.data();
+    std::byte* host_sums = arranged + block * hosts * m;  // this member's h blocks summed over its host
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t a = 0; a < hosts; ++a)
+        std::memcpy(arranged + (i * hosts + a) * block, static_cast<const std::byte*>(in) + static_cast<std::size_t>(l.position[a][i]) * block, block);
+    shm_.reduce_scatter(l.local, arranged, host_sums, n * static_cast<std::int64_t>(hosts), t);
+    reduce_scatter(l.across, host_sums, out, n, t);
+  }
+  void two_level_all_gather(const HostSharedMemory::Levels& l, const void* in, void* out, std::int64_t n, DType t) {
+    const std::size_t hosts = l.position.size(), block = static_cast<std::size_t>(n * size_of(t));
+    const std::size_t m = l.position[0].size();
+    level_scratch_.resize(block * hosts * (m + 1));
+    std::byte* arranged = level_scratch_.data();
+    std::byte* across = arranged + block * hosts * m;  // the blocks of the members at this position
+    all_gather(l.across, in, across, n, t);
+    shm_.all_gather(l.local, across, arranged, n * static_cast<std::int64_t>(hosts), t);
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t a = 0; a < hosts; ++a)
+        std::memcpy(static_cast<std::byte*>(out) + static_cast<std::size_t>(l.position[a][i]) * block, arranged + (i * hosts + a) * block, block);
+  }
+
   // Open MPI's MPI_Reduce_scatter_block measured 2-3x below the ring from 1 MiB up on this machine, and below
   // it at every size for pairs; for small blocks in larger groups its fewer steps win
   // (`bench/collectives --backend mpi --algorithms` prints the figures).
@@ -413,6 +447,7 @@ class Communicator {
   std::map<int, std::int64_t> ring_from_;  // by group size; others: default_ring_all_reduce_from
   std::map<std::vector<int>, MPI_Comm> comms_;
   std::vector<std::byte> ring_scratch_;  // one received segment
+  std::vector<std::byte> level_scratch_;  // a two-level collective's arranged blocks
   struct Send {
     std::vector<std::byte> data;
     MPI_Request request = MPI_REQUEST_NULL;

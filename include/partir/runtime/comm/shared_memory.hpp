@@ -90,10 +90,12 @@ class HostSharedMemory {
   }
 
   // A group spanning hosts as the two levels of a hierarchical collective: `local`, its members on this host;
-  // `across`, the members at this rank's position among their host's members, one per host. Only for groups
-  // with the same number (>= 2) of members on each of two or more hosts; otherwise nullopt.
+  // `across`, the members at this rank's position among their host's members, one per host, in the order the
+  // hosts first appear in the group; `position[a][i]`, the group position of host a's i-th member. Only for
+  // groups with the same number (>= 2) of members on each of two or more hosts; otherwise nullopt.
   struct Levels {
     Group local, across;
+    std::vector<std::vector<int>> position;
   };
   std::optional<Levels> levels(const Group& g) const {
     if (!available() || covers(g)) return std::nullopt;
@@ -110,10 +112,13 @@ class HostSharedMemory {
         std::any_of(members.begin(), members.end(), [&](const auto& m) { return m.size() != per_host; }))
       return std::nullopt;
     Levels l;
-    for (const auto& m : members)
+    for (const auto& m : members) {
       if (std::find(m.begin(), m.end(), rank_) != m.end()) l.local.devices = m;
-    const auto position = static_cast<std::size_t>(l.local.index_of(rank_));
-    for (const auto& m : members) l.across.devices.push_back(m[position]);
+      auto& at = l.position.emplace_back();
+      for (int d : m) at.push_back(g.index_of(d));
+    }
+    const auto mine = static_cast<std::size_t>(l.local.index_of(rank_));
+    for (const auto& m : members) l.across.devices.push_back(m[mine]);
     return l;
   }
 
