@@ -3,7 +3,8 @@
 //               -o all_reduce|all_gather|reduce_scatter|all_to_all|sendrecv|collective_permute|all
 //               --backend threads|mpi|nccl  --devices 4 (threads)  --mesh batch=2,model=2 --axis model
 //               --json out.json  --raw (mpi: also time MPI called directly; prints the ratio)
-//               --algorithms (mpi: all_reduce three ways, reduce_scatter five)  --calibrate profile.json
+//               --algorithms (mpi: all_reduce three ways, reduce_scatter five, all_gather and all_to_all two)
+//               --calibrate profile.json
 //               --profile machine|default|profile.json (mpi: where all_reduce switches to the ring; machine, the
 //               default: where this machine's cached profile measured it faster, as the examples run)
 // size is the full buffer S in bytes (count = S / 4 floats): the all_reduce buffer, the all_gather result,
@@ -93,7 +94,8 @@ Options parse(int argc, char** argv) {
   app.add_option("--json", o.json_path, "also write the rows as JSON");
   app.add_flag("--raw", o.raw, "mpi: also time MPI called directly and print partir/raw");
   app.add_flag("--algorithms,--rs-alternatives", o.algorithms,
-               "mpi: each algorithm the backend chooses between, side by side (all_reduce three ways, reduce_scatter five)");
+               "mpi: each algorithm the backend chooses between, side by side (all_reduce three ways, reduce_scatter "
+               "five, all_gather and all_to_all two)");
   app.add_option("--calibrate", o.calibrate_path, "measure this machine and write a hardware profile (JSON) instead");
   app.add_option("--profile", o.profile_path,
                  "mpi: where all_reduce switches to the ring: machine (this machine's cached profile, calibrated on "
@@ -327,14 +329,20 @@ void write_json(const std::vector<Row>& rows, const std::string& path, const std
   p::json::write_file(path, {{"setup", setup}, {"rows", list}});
 }
 
-// Which all_reduce the mpi backend runs on groups of `group_size`, and why ("" for backends with one).
+// Which all_reduce the mpi backend runs on g, and why ("" for backends with one).
 template <p::Communicator C>
-std::string all_reduce_choice(const C& comm, const Options& o, int group_size) {
+std::string all_reduce_choice(C& comm, const Options& o, const p::Group& g) {
   if constexpr (p::ChoosesAllReduce<C>) {
-    const std::int64_t from = comm.ring_all_reduce_from(group_size);
-    const std::string size = from % (1 << 20) ? std::to_string(from) + " B" : std::to_string(from >> 20) + " MiB";
-    return (from == p::ring_all_reduce_never ? "MPI_Allreduce at every size" : "partir's ring from " + size) +
-           " (--profile " + o.profile_path + ")";
+    auto by_size = [&](int group_size) {
+      const std::int64_t from = comm.ring_all_reduce_from(group_size);
+      const std::string size = from % (1 << 20) ? std::to_string(from) + " B" : std::to_string(from >> 20) + " MiB";
+      return (from == p::ring_all_reduce_never ? "MPI_Allreduce at every size" : "partir's ring from " + size) +
+             " (--profile " + o.profile_path + ")";
+    };
+    if (comm.shared_memory_enabled() && comm.shared_memory().covers(g)) return "the host's shared memory";
+    if (const auto levels = comm.shared_memory_enabled() ? comm.shared_memory().levels(g) : std::nullopt)
+      return "shared memory within each host, then across hosts " + by_size(levels->across.size());
+    return by_size(g.size());
   }
   return "";
 }
@@ -364,7 +372,9 @@ void run(C& comm, const Options& o, const Call* raw, const DeviceBuffers& device
   const auto rows = sweep(comm, o, mesh, axes, partir_call(comm), raw, device_buffers);
   if (comm.device() != 0) return;
   const auto group_size = static_cast<int>(p::tile_count(axes, mesh));
-  const std::string choice = all_reduce_choice(comm, o, group_size);
+  p::Group first;  // device 0's
+  for (auto d : mesh.group(0, axes)) first.devices.push_back(static_cast<int>(d));
+  const std::string choice = all_reduce_choice(comm, o, first);
   const std::string setup = "backend " + o.backend + ", " + std::to_string(comm.num_devices()) + " devices, mesh " +
                             mesh.to_string() + ", groups along " + p::to_string(axes) + " (" +
                             std::to_string(group_size) + " devices each)" +
@@ -431,6 +441,21 @@ class RawMpi {
          })},
         {"partir shared memory", Call([&partir](const p::Group& g, CollectiveKind, float* in, float*, std::int64_t count) {
            partir.shared_memory().all_reduce(g, in, count, p::DType::f32);
+         })},
+    };
+  }
+
+  // all_gather and all_to_all two ways: MPI's and the host's shared memory.
+  std::vector<std::pair<std::string, Call>> exchange_variants(p::mpi::Communicator& partir) {
+    return {
+        {"MPI's", Call([this](const p::Group& g, CollectiveKind k, float* in, float* out, std::int64_t count) {
+           const int n = static_cast<int>(count);
+           if (k == CollectiveKind::all_gather) MPI_Allgather(in, n, MPI_FLOAT, out, n, MPI_FLOAT, comm(g));
+           else MPI_Alltoall(in, n, MPI_FLOAT, out, n, MPI_FLOAT, comm(g));
+         })},
+        {"partir shared memory", Call([&partir](const p::Group& g, CollectiveKind k, float* in, float* out, std::int64_t count) {
+           if (k == CollectiveKind::all_gather) partir.shared_memory().all_gather(g, in, out, count, p::DType::f32);
+           else partir.shared_memory().all_to_all(g, in, out, count, p::DType::f32);
          })},
     };
   }
@@ -507,7 +532,7 @@ void compare_algorithms(p::mpi::Communicator& comm, const Options& o, Collective
     if (me == 0) std::printf("\n");
   }
   if (me == 0 && kind == CollectiveKind::all_reduce)
-    std::printf("# partir's all_reduce on groups of %d: %s\n", g.size(), all_reduce_choice(comm, o, g.size()).c_str());
+    std::printf("# partir's all_reduce on groups of %d: %s\n", g.size(), all_reduce_choice(comm, o, g).c_str());
 }
 #endif
 
@@ -566,6 +591,8 @@ int main(int argc, char** argv) {
       if (o.algorithms) {
         compare_algorithms(comm, o, CollectiveKind::all_reduce, raw.all_reduce_variants(comm));
         compare_algorithms(comm, o, CollectiveKind::reduce_scatter, raw.reduce_scatter_variants(comm));
+        compare_algorithms(comm, o, CollectiveKind::all_gather, raw.exchange_variants(comm));
+        compare_algorithms(comm, o, CollectiveKind::all_to_all, raw.exchange_variants(comm));
       } else {
         const Call raw_call = raw.call();
         run(comm, tuned, o.raw ? &raw_call : nullptr);

@@ -34,7 +34,9 @@ int main(int argc, char** argv) {
     if (c.device() == 0)
       std::printf("shared memory: %d ranks on this host; all_reduce, reduce_scatter, all_gather over all 4: %s\n",
                   c.shared_memory().ranks_on_this_host(),
-                  c.shared_memory().covers(all) ? "within the host" : c.shared_memory().levels(all) ? "in two levels" : "MPI");
+                  c.shared_memory().covers(all)   ? "within the host"
+                  : c.shared_memory().levels(all) ? "in two levels"
+                                                  : "MPI");
     // all_reduce as the backend picks it, then always the ring (small and odd counts too), then MPI's, then
     // shared memory; the other collectives through shared memory, then through MPI alone.
     for (Algorithm a : {Algorithm::automatic, Algorithm::ring, Algorithm::library, Algorithm::shared_memory}) {

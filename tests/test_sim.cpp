@@ -256,7 +256,8 @@ TEST_CASE("cost model: collectives across hosts, in two levels where the mpi bac
   CHECK(collective_seconds(send, stage_major, 0, bytes, hw) == doctest::Approx(1e-5 + 4e-5));
   // Uneven members per host (3 devices a host, a group of 4): one ring paced by the hops between hosts.
   hw.devices_per_host = 3;
-  CHECK(collective_seconds({CK::all_reduce, {"batch", "model"}}, grid, 0, bytes, hw) == doctest::Approx(6 * (1e-5 + 1e-5)));
+  CHECK(collective_seconds({CK::all_reduce, {"batch", "model"}}, grid, 0, bytes, hw) ==
+        doctest::Approx(6 * (1e-5 + 1e-5)));
   // Every device on one host: the host's link alone.
   hw.devices_per_host = 0;
   CHECK(collective_seconds({CK::all_reduce, {"batch"}}, grid, 1, bytes, hw) == doctest::Approx(6e-6));
@@ -320,7 +321,8 @@ TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
                            R"({"name": "x", "peak_flops": {}, "memory_bandwidth": 1, "ring_all_reduce_from": {"pair": 1}})")),
                        "hardware profile: ring_all_reduce_from: 'pair' is not a group size (an integer >= 2)", UserError);
   CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(
-                           R"({"name": "x", "peak_flops": {}, "memory_bandwidth": 1, "links": [], "devices_per_host": 4})")),
+                           R"({"name": "x", "peak_flops": {}, "memory_bandwidth": 1, "links": [],
+                               "devices_per_host": 4})")),
                        "hardware profile 'x': devices_per_host 4 needs a between_hosts link {\"alpha\": seconds, "
                        "\"beta\": seconds per byte}",
                        UserError);

@@ -133,7 +133,9 @@ inline double ring_seconds(CollectiveKind k, std::int64_t n, double bytes, const
 inline double collective_seconds(const Collective& c, const Mesh& mesh, std::int64_t device, double bytes,
                                  const HardwareProfile& hw) {
   const std::int64_t n = is_point_to_point(c.kind) ? 2 : tile_count(c.axes, mesh);
-  auto within = [&](CollectiveKind k, std::int64_t size, double b) { return ring_seconds(k, size, b, hw.link(k, c.axes, size)); };
+  auto within = [&](CollectiveKind k, std::int64_t size, double b) {
+    return ring_seconds(k, size, b, hw.link(k, c.axes, size));
+  };
   if (hw.devices_per_host <= 0 || n <= 1) return within(c.kind, n, bytes);
   std::vector<std::int64_t> members;
   if (c.kind == CollectiveKind::send || c.kind == CollectiveKind::recv) {  // this device and its peer stage's

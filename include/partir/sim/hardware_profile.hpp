@@ -291,7 +291,8 @@ PARTIR_ENTRY json::Value HardwareProfile::to_json() const {
           {"cache_curve", cache_curve}, {"op_overhead", op_overhead}, {"memory_capacity", memory_capacity},
           {"links", rules}, {"overlap", overlap}, {"ring_all_reduce_from", ring_from},
           {"devices_per_host", devices_per_host},
-          {"between_hosts", {{"alpha", between_hosts.alpha}, {"beta", between_hosts.beta}, {"measured", between_hosts.measured}}}};
+          {"between_hosts",
+           {{"alpha", between_hosts.alpha}, {"beta", between_hosts.beta}, {"measured", between_hosts.measured}}}};
 }
 
 PARTIR_ENTRY HardwareProfile HardwareProfile::from_json(const json::Value& v) {
@@ -321,7 +322,8 @@ PARTIR_ENTRY HardwareProfile HardwareProfile::from_json(const json::Value& v) {
   if (p.devices_per_host < 0) user_error("hardware profile: devices_per_host must be >= 0 (0: one host)");
   if (auto* b = json::find(v, "between_hosts")) {
     p.between_hosts = {get<double>(json::at(*b, "alpha")), get<double>(json::at(*b, "beta")), {}};
-    if (auto* m = json::find(*b, "measured")) p.between_hosts.measured = points(*m, "between_hosts: measured", "[bytes, seconds]");
+    if (auto* m = json::find(*b, "measured"))
+      p.between_hosts.measured = points(*m, "between_hosts: measured", "[bytes, seconds]");
   } else if (p.devices_per_host > 0) {
     user_error("hardware profile '" + p.name + "': devices_per_host " + std::to_string(p.devices_per_host) +
                " needs a between_hosts link {\"alpha\": seconds, \"beta\": seconds per byte}");

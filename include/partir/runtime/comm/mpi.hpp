@@ -3,8 +3,8 @@
 // by the group's members the first time they use it (collective over the group alone, so pipeline stages
 // that run different programs never wait for each other's groups). Point-to-point sends are nonblocking on
 // a copy of the data, so a send never waits for the stage that receives it. Collectives of groups within one
-// host run through the host's shared memory (shared_memory.hpp); all_reduce over groups spanning hosts runs
-// in two levels: shared memory inside each host, MPI between them.
+// host run through the host's shared memory (shared_memory.hpp); all_reduce, reduce_scatter and all_gather over
+// groups spanning hosts run in two levels: shared memory inside each host, MPI between them.
 #ifndef OMPI_SKIP_MPICXX
 #define OMPI_SKIP_MPICXX 1  // the deprecated C++ bindings: not used, and they do not compile warning-free
 #endif
@@ -164,7 +164,7 @@ class Communicator {
                                            all_reduce_algorithm_ == AllReduceAlgorithm::shared_memory);
     if (shared && shm_.covers(g)) return shm_.all_reduce(g, data, n, t);
     if (shared)
-      if (const auto levels = shm_.levels(g))  // sum inside each host, then across hosts on 1/k of the buffer
+      if (const auto levels = shm_.levels(g))  // sum inside each host, then across hosts on 1/m of the buffer
         return shm_.all_reduce(levels->local, data, n, t,
                                [&](void* part, std::int64_t len) { mpi_all_reduce(levels->across, part, len, t); });
     mpi_all_reduce(g, data, n, t);
@@ -334,7 +334,8 @@ class Communicator {
     std::byte* host_sums = arranged + block * hosts * m;  // this member's h blocks summed over its host
     for (std::size_t i = 0; i < m; ++i)
       for (std::size_t a = 0; a < hosts; ++a)
-        std::memcpy(arranged + (i * hosts + a) * block, static_cast<const std::byte*>(in) + static_cast<std::size_t>(l.position[a][i]) * block, block);
+        std::memcpy(arranged + (i * hosts + a) * block,
+                    static_cast<const std::byte*>(in) + static_cast<std::size_t>(l.position[a][i]) * block, block);
     shm_.reduce_scatter(l.local, arranged, host_sums, n * static_cast<std::int64_t>(hosts), t);
     reduce_scatter(l.across, host_sums, out, n, t);
   }
@@ -348,7 +349,8 @@ class Communicator {
     shm_.all_gather(l.local, across, arranged, n * static_cast<std::int64_t>(hosts), t);
     for (std::size_t i = 0; i < m; ++i)
       for (std::size_t a = 0; a < hosts; ++a)
-        std::memcpy(static_cast<std::byte*>(out) + static_cast<std::size_t>(l.position[a][i]) * block, arranged + (i * hosts + a) * block, block);
+        std::memcpy(static_cast<std::byte*>(out) + static_cast<std::size_t>(l.position[a][i]) * block,
+                    arranged + (i * hosts + a) * block, block);
   }
 
   // Open MPI's MPI_Reduce_scatter_block measured 2-3x below the ring from 1 MiB up on this machine, and below
