@@ -87,8 +87,9 @@ launch = ["ip", "netns", "exec", ns0, "unshare", "--uts", "sh", "-c", 'hostname 
           "--mca", "mpi_yield_when_idle", "1", "-x", "OMP_WAIT_POLICY=passive"]
 
 
-def job(cmd, what, timeout):
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+def job(cmd, what, timeout, env=None):
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         env=env)
     try:
         out = p.communicate(timeout=timeout)[0].replace("\x1b[K", "")  # ranks get a terminal: the live line's redraws
     except subprocess.TimeoutExpired:
@@ -97,8 +98,8 @@ def job(cmd, what, timeout):
     return p.returncode, out
 
 
-def run(cmd, what, timeout=120):
-    rc, out = job(cmd, what, timeout)
+def run(cmd, what, timeout=120, env=None):
+    rc, out = job(cmd, what, timeout, env)
     if rc != 0:
         sys.exit(f"FAIL: {what} exited {rc}:\n{out}")
     return out
@@ -151,6 +152,24 @@ try:
         if line not in out:
             sys.exit(f"FAIL: mpi_collectives on h0 and h1 does not print '{line}':\n{out}")
     print("ok: mpi_collectives on h0 and h1: every collective right, all_reduce, reduce_scatter and all_gather over 4 ranks in two levels")
+    # The machine's profile, calibrated on first use, knows the hosts: links measured within one, the link between
+    # them on all_reduces with one rank per host (docs/simulator.md).
+    cache = os.path.join(work, "cache")
+    calibrating = launch[:launch.index("PARTIR_PROFILE=cpu") - 1] + launch[launch.index("PARTIR_PROFILE=cpu") + 1:]
+    env = {k: v for k, v in os.environ.items() if k != "PARTIR_PROFILE"}
+    run(calibrating + ["-x", f"PARTIR_CACHE_DIR={cache}", mlp, "--steps", "1", "--no-check", "--backend", "mpi",
+                       "--mesh", "batch=4", "--schedule", "bp"], "mlp_train calibrating on h0 and h1", timeout=240, env=env)
+    import json
+    profiles = [json.load(open(os.path.join(cache, f))) for f in os.listdir(cache) if f.endswith(".json")]
+    if len(profiles) != 2:  # the cache's key names the host
+        sys.exit(f"FAIL: calibration on h0 and h1 left {len(profiles)} profiles in {cache}, expected one per host")
+    for hw in profiles:
+        between, sizes = hw.get("between_hosts", {}), {r["group_size"] for r in hw["links"]}
+        if hw.get("devices_per_host") != 2 or not between.get("measured") or not between.get("beta", 0) > 0 or 4 in sizes:
+            sys.exit(f"FAIL: the calibrated profile does not describe 2 hosts of 2 (devices_per_host "
+                     f"{hw.get('devices_per_host')}, between_hosts {between}, link group sizes {sorted(sizes)})")
+    print(f"ok: calibrated on h0 and h1: 2 devices per host, between hosts {1 / between['beta'] / 1e9:.2f} GB/s, "
+          f"alpha {between['alpha'] * 1e6:.1f} us")
     for name, cmd in examples.items():
         single = losses(run(cmd + ["--mesh", "batch=1", "--schedule", "none"], name + " on one device"), name)
         for mesh, schedule in (("batch=2,model=2", "bp,mp"), ("batch=2,model=2", "bp,z3"), ("batch=4", "bp")):
