@@ -7,6 +7,7 @@ memory within a host). mlp_train and gpt_train with bp,mp and bp,z3 on 4 ranks e
 gradients' all_reduce runs in two levels (each host's shared memory, then TCP), as do mpi_collectives' checks over
 all 4 ranks. Needs root (SKIP, exit 77, where namespaces cannot be made); the namespaces and everything in them are
 removed at the end.  usage: multihost.py MPIRUN MLP_TRAIN GPT_TRAIN MPI_COLLECTIVES"""
+import json
 import os
 import re
 import shutil
@@ -159,7 +160,6 @@ try:
     env = {k: v for k, v in os.environ.items() if k != "PARTIR_PROFILE"}
     run(calibrating + ["-x", f"PARTIR_CACHE_DIR={cache}", mlp, "--steps", "1", "--no-check", "--backend", "mpi",
                        "--mesh", "batch=4", "--schedule", "bp"], "mlp_train calibrating on h0 and h1", timeout=240, env=env)
-    import json
     profiles = [json.load(open(os.path.join(cache, f))) for f in os.listdir(cache) if f.endswith(".json")]
     if len(profiles) != 2:  # the cache's key names the host
         sys.exit(f"FAIL: calibration on h0 and h1 left {len(profiles)} profiles in {cache}, expected one per host")
