@@ -45,7 +45,8 @@ inline p::NamedArrays batch_at(const std::string& text, std::int64_t batch, std:
   return {{"tokens", p::Array({batch, seq}, std::move(tokens))}, {"targets", p::Array({batch, seq}, std::move(targets))}};
 }
 
-inline p::Program train_program(const p::nn::Gpt& model, std::int64_t batch, const examples::Recipe& recipe,
+template <class Model>  // nn::Gpt or nn::Llama
+p::Program train_program(const Model& model, std::int64_t batch, const examples::Recipe& recipe,
                                  const p::MixedPrecision& precision = {}) {
   const auto seq = model.config.seq;
   return recipe.train_step([&](p::Tensor tokens, p::Tensor targets) { return model.loss(tokens, targets); },
@@ -53,7 +54,8 @@ inline p::Program train_program(const p::nn::Gpt& model, std::int64_t batch, con
 }
 
 // The loss alone (forward only), on the parameters a train program updates: the validation program.
-inline p::Program eval_program(const p::nn::Gpt& model, std::int64_t batch, const p::MixedPrecision& precision = {}) {
+template <class Model>
+p::Program eval_program(const Model& model, std::int64_t batch, const p::MixedPrecision& precision = {}) {
   const auto seq = model.config.seq;
   const p::PrecisionScope policy(precision);
   return p::trace(
@@ -75,9 +77,25 @@ inline std::pair<std::string, std::string> split_corpus(const std::string& text,
   return {text.substr(0, cut), text.substr(cut)};
 }
 
+// tokens and targets [batch, seq] -> "logits" [batch, seq, vocab] (in the compute dtype) and "loss" (f32):
+// what --predict computes.
+template <class Model>
+p::Program predict_program(const Model& model, std::int64_t batch, const p::MixedPrecision& precision = {}) {
+  const auto seq = model.config.seq;
+  const p::PrecisionScope policy(precision);
+  return p::trace(
+      "predict",
+      [&](p::Tensor tokens, p::Tensor targets) {
+        const p::Tensor logits = model.logits(tokens);
+        return p::NamedTensors{{"logits", logits}, {"loss", p::cross_entropy(logits, targets)}};
+      },
+      {{"tokens", {batch, seq}, p::DType::i32}, {"targets", {batch, seq}, p::DType::i32}});
+}
+
 // tokens [batch, seq] -> "logits" [batch, vocab] of the byte after each window. Generation slides the window
 // along the text, so the program keeps one shape.
-inline p::Program next_token_program(const p::nn::Gpt& model, std::int64_t batch) {
+template <class Model>
+p::Program next_token_program(const Model& model, std::int64_t batch) {
   const auto seq = model.config.seq, vocab = model.config.vocab;
   return p::trace(
       "gpt_next_token",

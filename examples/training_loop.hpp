@@ -4,6 +4,7 @@
 // global batch, and carries the updated shards to the next step. Device 0 prints and writes the report.
 #include <partir/partir.hpp>
 #include <partir/runtime/state/checkpoint.hpp>
+#include <partir/runtime/state/safetensors.hpp>
 #include <partir/sim/json.hpp>
 #ifdef PARTIR_EXAMPLES_MPI
 #include <partir/runtime/comm/mpi.hpp>
@@ -37,10 +38,13 @@ namespace p = partir;
 
 // --checkpoint DIR [--checkpoint-every N] [--resume]: save the sharded training state every N steps and at
 // the end; with --resume, continue from the latest checkpoint in DIR (onto any mesh and schedule).
+// --load-safetensors DIR starts from the weights in DIR (optimizer state fresh; a checkpoint resumed wins);
+// --save-safetensors DIR writes the trained weights there after the last step (runtime/state/safetensors.hpp).
 struct CheckpointOptions {
   std::string dir;  // "" = no checkpoints
   long every = 0;   // 0 = only after the last step
   bool resume = false;
+  std::string load_safetensors, save_safetensors;  // "" = none
 };
 
 // Where an example runs and what it keeps: --mesh, --schedule, --backend, --report, --report-file and the
@@ -62,6 +66,10 @@ struct RunFlags {
     app.add_option("--checkpoint-every", checkpoint.every, "save every N steps (0: after the last step only)")
         ->check(cli::at_least(0));
     app.add_flag("--resume", checkpoint.resume, "continue from the latest checkpoint in --checkpoint DIR");
+    app.add_option("--load-safetensors", checkpoint.load_safetensors,
+                   "start from the weights in this directory or .safetensors file (saved on any mesh, or by PyTorch)");
+    app.add_option("--save-safetensors", checkpoint.save_safetensors,
+                   "write the trained weights to this directory as safetensors (Hugging Face's names for llama_train)");
   }
   std::string report_path() const { return report == "json" ? report_file : ""; }
 };
@@ -217,6 +225,10 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
   double loss = 0;
   long first = 1;
   const auto& ck = o.checkpoint;
+  if (!ck.load_safetensors.empty()) {
+    p::restore_safetensors(ck.load_safetensors, spmd, comm, state);
+    if (lead) std::cout << "weights from " << ck.load_safetensors << std::endl;
+  }
   if (ck.resume) {
     if (ck.dir.empty()) p::user_error("--resume needs --checkpoint DIR");
     if (p::checkpoint::exists(ck.dir)) {
@@ -273,6 +285,10 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
     }
   }
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (!ck.save_safetensors.empty()) {
+    p::save_safetensors(ck.save_safetensors, spmd, comm, state);
+    if (lead) std::cout << "weights saved in " << ck.save_safetensors << std::endl;
+  }
   if (o.check_single_device && first == 1) {
     const p::NamedArrays trained = exe.gather_state(state);  // a collective: every device takes part
     if (lead) o.check_single_device(trained, loss);

@@ -9,7 +9,7 @@
 #include <random>
 
 #include <partir/autodiff/train_step.hpp>
-#include <partir/dsl/nn.hpp>
+#include <partir/dsl/llama.hpp>
 #include <partir/runtime/state/init.hpp>
 #include <partir/runtime/exec/interpreter.hpp>
 
@@ -430,6 +430,20 @@ TEST_CASE("autodiff: composite functions") {
   SUBCASE("mse") {
     check_binary([](const Tensor& x, const Tensor& y) { return mse(x, y); }, uniform(gen, {3, 4}),
                  uniform(gen, {3, 4}));
+  }
+  SUBCASE("rms_norm (its rule)") {
+    check_grad([](const std::vector<Tensor>& xs) { return rms_norm(xs[0], xs[1]); }, {f64("x", {3, 5}), f64("w", {5})},
+               {{"x", uniform(gen, {3, 5})}, {"w", uniform(gen, {5})}});
+  }
+  SUBCASE("silu") { check_unary([](const Tensor& x) { return silu(x); }, uniform(gen, {2, 5}, -3, 3)); }
+  // Llama's blocks (dsl/llama.hpp), parameters included.
+  SUBCASE("rotary") { check_unary([](const Tensor& x) { return nn::rotary(x, 100.0); }, uniform(gen, {2, 3, 2, 4})); }
+  SUBCASE("swiglu") {
+    check_unary([](const Tensor& x) { return nn::SwiGlu{"mlp", 4, 6}(x); }, uniform(gen, {2, 3, 4}));
+  }
+  SUBCASE("grouped-query attention, 4 heads on 2 K/V heads") {
+    check_unary([](const Tensor& x) { return nn::GroupedQueryAttention{"attn", 8, 4, 2, 100.0}(x); },
+                uniform(gen, {2, 3, 8}));
   }
   SUBCASE("mlp, parameters included") {
     check_grad([](const std::vector<Tensor>& xs) { return mse(nn::Mlp{"mlp", {3, 4, 2}}(xs[0]), xs[1]); },

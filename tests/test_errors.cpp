@@ -203,7 +203,7 @@ TEST_CASE("catalog: tactics and schedules") {
     const Program lin = trace("lin", [](Tensor x) { return nn::Linear{"params/l", 8, 8}(x); }, {{"x", {4, 8}}});
     CHECK_THROWS_WITH_AS(partition(lin, mesh2x2, {megatron("model")}),
                          "tactic 1 (megatron(model)): no parameter of 'lin' has a Megatron name (params/**/w1, w2, "
-                         "wq, wk, wv, wo)",
+                         "wq, wk, wv, wo, or Llama's q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)",
                          UserError);
   }
   // E43 data parallelism on a program without data inputs
@@ -739,4 +739,96 @@ TEST_CASE("catalog: hardware profiles and command lines (nlohmann-json and CLI11
   CHECK(problem({"--mesh"}) == "error: --mesh: 1 required TEXT missing (see --help)");
   CHECK(problem({"--microbatches", "0"}) == "error: --microbatches: expected a number >= 1, got 0 (see --help)");
   CHECK(problem({"extra"}) == "error: The following argument was not expected: extra (see --help)");
+}
+
+TEST_CASE("catalog: safetensors files (runtime/state/safetensors.hpp)") {
+  const std::string dir = "test_errors_safetensors";
+  std::filesystem::remove_all(dir);
+  auto raw = [&](const std::string& name, const std::string& header, std::size_t data_bytes) {
+    std::filesystem::create_directories(dir + "/" + name);
+    std::ofstream out(dir + "/" + name + "/model.safetensors", std::ios::binary);
+    const std::uint64_t n = header.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header << std::string(data_bytes, '\0');
+    return dir + "/" + name;
+  };
+  const std::string f32 = R"({"dtype":"F32","shape":[2,2],"data_offsets":)";
+  // E109 a file shorter than its header or its tensors say
+  CHECK_THROWS_WITH_AS(load_safetensors(raw("truncated", "{\"a.w\":" + f32 + "[0,16]}}", 8)),
+                       "safetensors 'test_errors_safetensors/truncated/model.safetensors': tensor 'a.w': truncated: its "
+                       "data ends at byte 16 of the data, the file holds 8",
+                       UserError);
+  {
+    const std::string length = raw("length", "{}", 0);
+    std::fstream out(length + "/model.safetensors", std::ios::binary | std::ios::in | std::ios::out);
+    const std::uint64_t n = 1000;
+    out.write(reinterpret_cast<const char*>(&n), 8);
+  }
+  CHECK_THROWS_WITH_AS(load_safetensors(dir + "/length"),
+                       "safetensors 'test_errors_safetensors/length/model.safetensors': truncated: the header is 1000 "
+                       "bytes, the file holds 2 after the length",
+                       UserError);
+  // E110 a dtype partir does not read
+  CHECK_THROWS_WITH_AS(load_safetensors(raw("dtype", R"({"a.w":{"dtype":"I8","shape":[2],"data_offsets":[0,2]}})", 2)),
+                       "safetensors 'test_errors_safetensors/dtype/model.safetensors': tensor 'a.w': unknown dtype 'I8' "
+                       "(partir reads F32, BF16, F16, F64, I32)",
+                       UserError);
+  // E111 offsets that overlap, or span other than the shape's bytes
+  CHECK_THROWS_WITH_AS(load_safetensors(raw("overlap", "{\"a.w\":" + f32 + "[0,16]},\"a.v\":" + f32 + "[8,24]}}", 24)),
+                       "safetensors 'test_errors_safetensors/overlap/model.safetensors': tensors 'a.w' and 'a.v' overlap "
+                       "(data_offsets [0, 16) and [8, 24))",
+                       UserError);
+  CHECK_THROWS_WITH_AS(load_safetensors(raw("span", "{\"a.w\":" + f32 + "[0,12]}}", 16)),
+                       "safetensors 'test_errors_safetensors/span/model.safetensors': tensor 'a.w': data_offsets [0, 12) "
+                       "span 12 bytes, f32[2,2] needs 16",
+                       UserError);
+  // E112 a header that is not JSON, or a directory without safetensors
+  CHECK_THROWS_WITH_AS(load_safetensors(dir + "/none"),
+                       "safetensors 'test_errors_safetensors/none': neither a .safetensors file nor a directory with "
+                       "model.safetensors or model.safetensors.index.json",
+                       UserError);
+  CHECK_THROWS_AS(load_safetensors(raw("json", "{\"a.w\": [", 0)), UserError);
+
+  // Against the model a plan restores into: a tensor it lacks, a shape it does not have, a tensor it needs.
+  const nn::LlamaConfig c{.vocab = 16, .seq = 4, .d_model = 8, .layers = 1, .heads = 2, .kv_heads = 1, .ffn = 8};
+  const Program forward = trace("llama", [&](Tensor t) { return NamedTensors{{"logits", nn::Llama{c}.logits(t)}}; },
+                                {{"tokens", {2, c.seq}, DType::i32}});
+  const SpmdProgram spmd = lower(partition(forward, Mesh{{"batch", 2}}, {data_parallel("batch")}));
+  NamedArrays params = init_inputs(forward, 1);
+  params.erase("tokens");
+  auto restore_from = [&](const std::string& name, NamedArrays weights) {
+    save_safetensors(dir + "/" + name, weights);
+    threads::run(2, [&](threads::Communicator& comm) {
+      NamedArrays state;
+      restore_safetensors(dir + "/" + name, spmd, comm, state);
+    });
+  };
+  // E113 a tensor that is not a parameter of the program
+  NamedArrays extra = params;
+  extra.emplace("params/model/layers/0/self_attn/rotary_emb/inv_freq", Array({4}, std::vector<float>{1, 2, 3, 4}));
+  CHECK_THROWS_WITH_AS(restore_from("extra", extra),
+                       "safetensors 'test_errors_safetensors/extra': tensor 'model.layers.0.self_attn.rotary_emb.inv_freq' "
+                       "(model.safetensors) is not a parameter of program 'llama' (no "
+                       "params/model/layers/0/self_attn/rotary_emb/inv_freq)",
+                       UserError);
+  // E114 a tensor of another shape than the parameter's
+  NamedArrays reshaped = params;
+  reshaped.at("params/model/norm/weight") = Array({4}, std::vector<float>{1, 2, 3, 4});
+  CHECK_THROWS_WITH_AS(restore_from("reshaped", reshaped),
+                       "safetensors 'test_errors_safetensors/reshaped': tensor 'model.norm.weight' is f32[4], program "
+                       "'llama' needs f32[8]",
+                       UserError);
+  // E115 a parameter the files lack
+  NamedArrays missing = params;
+  missing.erase("params/lm_head/weight");
+  CHECK_THROWS_WITH_AS(restore_from("missing", missing),
+                       "safetensors 'test_errors_safetensors/missing' has no tensor 'lm_head.weight' that program "
+                       "'llama' needs",
+                       UserError);
+  // E116 a parameter whose name has no tensor name
+  CHECK_THROWS_WITH_AS(save_safetensors(dir + "/bad", {{"weights.a", Array({1}, std::vector<float>{1})}}),
+                       "safetensors: parameter 'weights.a' is not named params/<path> without '.' (its tensor is named "
+                       "by the path, '.' for '/')",
+                       UserError);
+  std::filesystem::remove_all(dir);
 }

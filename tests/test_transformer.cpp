@@ -416,7 +416,8 @@ TEST_CASE("plan: MQ decoding keeps the one K/V head whole and splits query heads
 TEST_CASE("presets: emb and mq need what they shard") {
   const Program mlp = trace("mlp", [](Tensor x) { return nn::Mlp{"params/mlp", {4, 8, 4}}(x); }, {{"x", {2, 4}}});
   CHECK_THROWS_WITH_AS(partition(mlp, Mesh{{"model", 2}}, {embedding("model")}),
-                       "tactic 1 (emb(model)): selector 'params/**/table' matches no input or tagged value of program 'mlp'",
+                       "tactic 1 (emb(model)): selector 'params/**/table|params/**/embed_tokens/weight' matches no input or tagged "
+                       "value of program 'mlp'",
                        UserError);
   CHECK_THROWS_WITH_AS(partition(mlp, Mesh{{"model", 2}}, {multi_query("model")}),
                        "tactic 1 (mq(model)): no parameter of 'mlp' is a K/V projection (params/**/attn/wk, wv) to keep whole",

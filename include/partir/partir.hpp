@@ -17,6 +17,7 @@
 #include "partir/dsl/functional.hpp"
 #include "partir/dsl/nn.hpp"
 #include "partir/dsl/transformer.hpp"
+#include "partir/dsl/llama.hpp"
 #include "partir/dsl/trace.hpp"
 #include "partir/autodiff/grad.hpp"
 #include "partir/autodiff/lr_schedule.hpp"

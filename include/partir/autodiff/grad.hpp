@@ -384,6 +384,7 @@ void vjp(Program& p, ValueId v, const Op& op, const Tensor& g, const std::vector
 //   softmax      dx = y (g - sum(g y))
 //   log_softmax  dx = g - exp(y) sum(g)
 //   normalize    dx = (g - mean(g) - y mean(g y)) / sigma   (y = (x - mean(x)) / sigma, `saved` = 1 / sigma)
+//   rms_normalize dx = (g - y mean(g y)) / rms                (y = x / rms, rms = sqrt(mean(x^2) + eps), `saved` = 1 / rms)
 // Reading y rounded to 16 bits costs the gradient less than the 16-bit adjoint it returns to.
 inline Tensor composite_vjp(Program& p, ValueId root, const Composite& c, const Tensor& g) {
   auto f32 = [](const Tensor& t) { return is_half(t.dtype()) ? convert(t, DType::f32) : t; };
@@ -396,6 +397,7 @@ inline Tensor composite_vjp(Program& p, ValueId root, const Composite& c, const 
     case Composite::Kind::normalize:
       dx = (g32 - mean(g32, axis, true) - y * mean(g32 * y, axis, true)) * Tensor{p, c.saved};
       break;
+    case Composite::Kind::rms_normalize: dx = (g32 - y * mean(g32 * y, axis, true)) * Tensor{p, c.saved}; break;
   }
   return dx.dtype() == p.type(c.input).dtype ? dx : convert(dx, p.type(c.input).dtype);
 }

@@ -71,7 +71,11 @@ struct Remat {
   friend bool operator==(const Remat&, const Remat&) = default;
 
  private:
-  static RematRegion attention_core() { return {{"**/attn/q", "**/attn/k", "**/attn/v"}, {"**/attn/context"}}; }
+  // nn::Attention's marks (…/attn/…) and nn::Llama's (…/self_attn/…).
+  static RematRegion attention_core() {
+    return {{"**/attn/q|**/self_attn/q", "**/attn/k|**/self_attn/k", "**/attn/v|**/self_attn/v"},
+            {"**/attn/context|**/self_attn/context"}};
+  }
 };
 
 // p with the values `remat` selects, and the cheap ones the backward pass reads, recomputed in the backward pass

@@ -59,6 +59,20 @@ inline Tensor layer_norm(const Tensor& x, const Tensor& gamma, const Tensor& bet
   return normalized * gamma + beta;
 }
 
+// RMSNorm (Zhang & Sennrich 2019; Llama): x / sqrt(mean(x^2) + eps) over the last dim, times weight
+// ([features]); no centring, no shift. The statistics in f32, as layer_norm's (and Hugging Face's LlamaRMSNorm).
+inline Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6) {
+  const ValueId first = x.program().size();
+  const Tensor x32 = detail::f32_if_half(x);
+  const Tensor inverse_rms = rsqrt(mean(x32 * x32, {-1}, true) + eps);
+  const Tensor normalized = detail::composite(convert(x32 * inverse_rms, x.dtype()),
+                                              {Composite::Kind::rms_normalize, first, x.id(), inverse_rms.id(), -1});
+  return normalized * weight;
+}
+
+// SiLU (swish): x sigmoid(x), the gate of SwiGLU.
+inline Tensor silu(const Tensor& x) { return x * sigmoid(x); }
+
 // one_hot(labels [I...] i32, n) -> [I..., n] with 1 at each label.
 inline Tensor one_hot(const Tensor& labels, std::int64_t n, DType dtype = DType::f32) {
   Shape shape = labels.shape();

@@ -41,9 +41,9 @@ struct Segment {
 // custom_vjp: softmax's gradient needs only its result, where the VJPs of its ops would keep the widened input
 // and the exponentials alive from the forward pass to the backward. The ops [first, root] are the function's,
 // root (the key in Program::composites) its result; `input` its argument; `saved` an inner value the rule
-// reads (normalize: 1 / sigma), -1 if none; `axis` the one it works along.
+// reads (normalize: 1 / sigma; rms_normalize: 1 / rms), -1 if none; `axis` the one it works along.
 struct Composite {
-  enum class Kind : std::uint8_t { softmax, log_softmax, normalize };
+  enum class Kind : std::uint8_t { softmax, log_softmax, normalize, rms_normalize };
   Kind kind = Kind::softmax;
   ValueId first = 0, input = -1, saved = -1;
   std::int64_t axis = -1;

@@ -1,7 +1,8 @@
 #pragma once
 // Selectors name the values a tactic acts on: an exact input name or tag ("x", "params/mlp/h1"), or a glob
 // over those names where '*' matches within one path segment and '**' across segments ("params/*/w1",
-// "params/**/w1", "params/**"). Only inputs and tagged intermediates have names; outputs are reached
+// "params/**/w1", "params/**"); alternatives separated by '|' select what any of them does
+// ("params/**/table|params/**/embed_tokens/weight"). Only inputs and tagged intermediates have names; outputs are reached
 // through them (an output that updates an input is tied to it).
 #include <algorithm>
 #include <string_view>
@@ -11,23 +12,34 @@
 
 namespace partir {
 
-inline bool glob_match(std::string_view pattern, std::string_view name) {
+namespace detail {
+inline bool glob_match_one(std::string_view pattern, std::string_view name) {
   if (pattern.empty()) return name.empty();
   if (pattern.starts_with("**")) {
     // "a/**/b" also matches "a/b": '**/' may stand for no segment at all.
-    if (pattern.starts_with("**/") && glob_match(pattern.substr(3), name)) return true;
+    if (pattern.starts_with("**/") && glob_match_one(pattern.substr(3), name)) return true;
     for (std::size_t i = 0; i <= name.size(); ++i)
-      if (glob_match(pattern.substr(2), name.substr(i))) return true;
+      if (glob_match_one(pattern.substr(2), name.substr(i))) return true;
     return false;
   }
   if (pattern[0] == '*') {
     for (std::size_t i = 0; i <= name.size(); ++i) {
-      if (glob_match(pattern.substr(1), name.substr(i))) return true;
+      if (glob_match_one(pattern.substr(1), name.substr(i))) return true;
       if (i < name.size() && name[i] == '/') break;
     }
     return false;
   }
-  return !name.empty() && pattern[0] == name[0] && glob_match(pattern.substr(1), name.substr(1));
+  return !name.empty() && pattern[0] == name[0] && glob_match_one(pattern.substr(1), name.substr(1));
+}
+}  // namespace detail
+
+inline bool glob_match(std::string_view pattern, std::string_view name) {
+  for (;;) {
+    const auto bar = pattern.find('|');
+    if (detail::glob_match_one(pattern.substr(0, bar), name)) return true;
+    if (bar == std::string_view::npos) return false;
+    pattern.remove_prefix(bar + 1);
+  }
 }
 
 // The named values of a program (inputs and tags), sorted by name so that an exact selector is a lookup and
@@ -42,6 +54,13 @@ class NameIndex {
 
   // The values whose name matches `selector`, in program order.
   std::vector<ValueId> select(std::string_view selector) const {
+    if (const auto bar = selector.find('|'); bar != std::string_view::npos) {
+      std::vector<ValueId> out = select(selector.substr(0, bar)), rest = select(selector.substr(bar + 1));
+      out.insert(out.end(), rest.begin(), rest.end());
+      std::sort(out.begin(), out.end());
+      out.erase(std::unique(out.begin(), out.end()), out.end());
+      return out;
+    }
     std::vector<ValueId> out;
     if (selector.find('*') == std::string_view::npos) {
       auto it = std::lower_bound(by_name_.begin(), by_name_.end(), selector,

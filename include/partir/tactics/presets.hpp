@@ -4,7 +4,10 @@
 //   megatron(axis)       MP: Megatron-LM tensor parallelism by parameter names: the first matmul of a block
 //                        (…/w1, attention …/wq …/wk …/wv) tiled on its output features (last dim, with bias
 //                        …/b1), the second (…/w2, …/wo) on its input features (the dim before the last), so
-//                        stacked expert weights [E, in, out] split inside each expert
+//                        stacked expert weights [E, in, out] split inside each expert; nn::Llama's [out, in]
+//                        weights (Hugging Face's names) alike: …/q_proj, k_proj, v_proj, gate_proj, up_proj
+//                        on dim 0, …/o_proj, down_proj on dim 1; grouped-query attention's K/V projections
+//                        split only where the axis divides the K/V heads, else kept whole on every device
 //   expert_parallel(axis) EP: GShard's expert parallelism: every data input tiled on its batch dim (as BP) and
 //                        every expert weight (params/**/experts/*, as nn::MixtureOfExperts names them) on
 //                        dim 0, the experts; the MoE layers' hand-over values (…/dispatched, …/returned by
@@ -16,7 +19,8 @@
 //   zero2(axis)          Z2: optimizer state and each parameter's update tiled on `axis`; the gradient
 //                        all_reduce becomes a reduce_scatter and the new parameters are all-gathered
 //   zero3(axis)          Z3: parameters too; each is all-gathered where it is used
-//   embedding(axis, dim) EMB: every embedding table (params/**/table, as nn::Embedding names it) tiled on
+//   embedding(axis, dim) EMB: every embedding table (params/**/table, as nn::Embedding names it, or
+//                        nn::Llama's params/**/embed_tokens/weight) tiled on
 //                        dim 0, the vocabulary (each device looks up the rows it holds: the lookup is a
 //                        partial sum), or dim 1, the model features
 //   multi_query(axis)    MQ: inference sharding of multi-query attention (nn::Attention with one K/V head):
@@ -84,7 +88,7 @@ inline Zero zero2(std::string axis) { return {std::move(axis), 2}; }
 inline Zero zero3(std::string axis) { return {std::move(axis), 3}; }
 inline ManualPartition embedding(std::string axis, std::int64_t dim = 0) {
   std::string label = "emb(" + axis + ")";
-  return {{{"params/**/table", dim}}, std::move(axis), std::move(label)};
+  return {{{"params/**/table|params/**/embed_tokens/weight", dim}}, std::move(axis), std::move(label)};
 }
 inline MultiQuery multi_query(std::string axis) { return {std::move(axis)}; }
 inline ExpertParallel expert_parallel(std::string axis) { return {std::move(axis)}; }
@@ -120,7 +124,9 @@ PARTIR_ENTRY void Megatron::apply(PartitionState& s) const {
   static const std::vector<std::pair<const char*, std::int64_t>> layout = {
       {"params/**/w1", -1}, {"params/**/b1", -1}, {"params/**/wq", -1}, {"params/**/wk", -1},
       {"params/**/wv", -1}, {"params/**/bq", -1}, {"params/**/bk", -1}, {"params/**/bv", -1},
-      {"params/**/w2", -2}, {"params/**/wo", -2}};
+      {"params/**/w2", -2}, {"params/**/wo", -2},
+      {"params/**/q_proj/weight", 0}, {"params/**/gate_proj/weight", 0}, {"params/**/up_proj/weight", 0},
+      {"params/**/o_proj/weight", 1}, {"params/**/down_proj/weight", 1}};
   const int a = s.axis(axis);
   const NameIndex names(s.program());
   int tiled = 0;
@@ -130,9 +136,24 @@ PARTIR_ENTRY void Megatron::apply(PartitionState& s) const {
       s.tile(v, dim < 0 ? s.program().type(v).rank() + dim : dim, a);
       ++tiled;
     }
+  // Grouped-query attention (nn::Llama tags …/self_attn/kv_heads, [batch, seq, kv_heads, head_dim]): the K/V
+  // projections split by heads where the axis divides their number; where it does not, every device keeps
+  // all of them (Megatron-LM's rule when tensor parallelism exceeds the K/V heads) and reads the heads its
+  // query heads use, rather than splitting a head's features.
+  for (ValueId heads : names.select("params/**/self_attn/kv_heads")) {
+    const std::string& tag = s.program().op(heads).name;
+    const std::string attention = tag.substr(0, tag.size() - std::string_view("/kv_heads").size());
+    const bool split = s.program().type(heads).shape.at(2) % tile_count(AxisList{axis}, s.mesh()) == 0;
+    for (const char* projection : {"/k_proj/weight", "/v_proj/weight"})
+      for (ValueId v : names.select(attention + projection)) {
+        split ? s.tile(v, 0, a) : s.forbid(v, a);
+        ++tiled;
+      }
+  }
   if (!tiled)
     user_error(s.tactic_label() + ": no parameter of '" + s.program().name() +
-               "' has a Megatron name (params/**/w1, w2, wq, wk, wv, wo)");
+               "' has a Megatron name (params/**/w1, w2, wq, wk, wv, wo, or Llama's q_proj, k_proj, v_proj, o_proj, "
+               "gate_proj, up_proj, down_proj)");
 }
 
 PARTIR_ENTRY void Zero::apply(PartitionState& s) const {
