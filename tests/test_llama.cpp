@@ -189,9 +189,9 @@ TEST_CASE("llama: mp splits query heads; K/V heads split where the axis divides 
     std::map<CollectiveKind, int> n;
     for (const auto& col : spmd.collectives())
       if (col.collective.kind != CollectiveKind::all_slice) ++n[col.collective.kind];
+    CHECK(n.size() == (split ? 1u : 2u));
     CHECK(n[CollectiveKind::all_reduce] == 4 * c.layers);
     CHECK((n[CollectiveKind::all_gather] > 0) == !split);
-    CHECK(n.size() == (split ? 1u : 2u));
   }
 }
 
