@@ -45,6 +45,7 @@ struct CheckpointOptions {
   long every = 0;   // 0 = only after the last step
   bool resume = false;
   std::string load_safetensors, save_safetensors;  // "" = none
+  double safetensors_shard_mb = 5000;               // files of at most this many MB (10^6 bytes)
 };
 
 // Where an example runs and what it keeps: --mesh, --schedule, --backend, --report, --report-file and the
@@ -70,6 +71,10 @@ struct RunFlags {
                    "start from the weights in this directory or .safetensors file (saved on any mesh, or by PyTorch)");
     app.add_option("--save-safetensors", checkpoint.save_safetensors,
                    "write the trained weights to this directory as safetensors (Hugging Face's names for llama_train)");
+    app.add_option("--safetensors-shard-mb", checkpoint.safetensors_shard_mb,
+                   "--save-safetensors splits the weights into files of at most this many MB, listed by "
+                   "model.safetensors.index.json (transformers' max_shard_size)")
+        ->check(CLI::PositiveNumber);
   }
   std::string report_path() const { return report == "json" ? report_file : ""; }
 };
@@ -286,7 +291,8 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
   }
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (!ck.save_safetensors.empty()) {
-    p::save_safetensors(ck.save_safetensors, spmd, comm, state);
+    p::save_safetensors(ck.save_safetensors, spmd, comm, state,
+                        {.max_file_bytes = static_cast<std::int64_t>(ck.safetensors_shard_mb * 1e6)});
     if (lead) std::cout << "weights saved in " << ck.save_safetensors << std::endl;
   }
   if (o.check_single_device && first == 1) {

@@ -80,17 +80,37 @@ inline std::string parameter_name(const std::string& tensor) {
   return out;
 }
 
-// `n` elements of dtype `from` at `in` as dtype `to` at `out` (floats through f32, as Array::set rounds).
+// Calls f(T{}) with the element type of `t`.
+template <class F>
+void with_element_type(DType t, F&& f) {
+  switch (t) {
+    case DType::f32: return f(float{});
+    case DType::f64: return f(double{});
+    case DType::i32: return f(std::int32_t{});
+    case DType::bf16: return f(bf16{});
+    case DType::f16: return f(f16{});
+  }
+}
+
+// `n` elements of dtype `from` at `in` as dtype `to` at `out` (16-bit floats through f32, rounding to nearest
+// even as Array::set does). Either side may be unaligned: a foreign file's offsets need not be.
 inline void convert_elements(const std::byte* in, DType from, std::byte* out, DType to, std::int64_t n) {
   if (from == to) {
     std::memcpy(out, in, static_cast<std::size_t>(n * size_of(from)));
     return;
   }
-  Array a(TensorType{{n}, from});
-  std::memcpy(layout::bytes(a), in, static_cast<std::size_t>(a.bytes()));
-  Array b(TensorType{{n}, to});
-  for (std::int64_t i = 0; i < n; ++i) b.set(i, a.at(i));
-  std::memcpy(out, layout::bytes(b), static_cast<std::size_t>(b.bytes()));
+  with_element_type(from, [&]<class From>(From) {
+    with_element_type(to, [&]<class To>(To) {
+      for (std::int64_t i = 0; i < n; ++i) {
+        From x;
+        std::memcpy(&x, in + i * static_cast<std::int64_t>(sizeof(From)), sizeof(From));
+        To y;
+        if constexpr (is_half_type<From> || is_half_type<To>) y = To(static_cast<float>(x));
+        else y = static_cast<To>(x);
+        std::memcpy(out + i * static_cast<std::int64_t>(sizeof(To)), &y, sizeof(To));
+      }
+    });
+  });
 }
 
 // One tensor's place: its file and where its data starts there (bytes from the file's start).
