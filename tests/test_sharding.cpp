@@ -178,8 +178,13 @@ TEST_CASE("selectors: exact names, tags and globs") {
   CHECK(!glob_match("params/*", "params/mlp/w1"));
   CHECK(glob_match("params/mlp/w*", "params/mlp/w12"));
   CHECK(!glob_match("x", "xy"));
+  CHECK(glob_match("params/**/table|params/**/embed_tokens/weight", "params/model/embed_tokens/weight"));
+  CHECK(glob_match("params/**/table|params/**/embed_tokens/weight", "params/tok_embed/table"));
+  CHECK(!glob_match("params/**/table|params/**/embed_tokens/weight", "params/model/embed_tokens"));
   const Program p = mlp_forward();
   CHECK(select(p, "params/mlp/*").size() == 3);  // w1, w2 and the tag h
+  CHECK(select(p, "params/mlp/w2|params/mlp/w1|params/mlp/w*") == select(p, "params/mlp/w*"));  // each once, in order
+  CHECK(select(p, "params/mlp/w1|y").size() == 2);
   CHECK(select(p, "y") == std::vector<ValueId>{p.output("y")});
 }
 
