@@ -66,7 +66,7 @@ inline int train_main(int argc, char** argv, const TrainDefaults& defaults) {
                                        "(i32 tokens and targets [batch, seq]), on one device")
       ->check(CLI::ExistingFile);
   app.add_option("--predict-out", predict_out, "where --predict writes logits [batch, seq, vocab] (in the --precision "
-                                               "compute dtype) and loss (f32)");
+                                               "compute dtype), loss (f32) and each parameter's gradient (grad.<name>)");
   const examples::RecipeFlags recipe_flags(app, 3e-3);
   app.add_option("--holdout", holdout, "fraction of the corpus held out for validation (0: none)");
   app.add_option("--eval-every", eval_every, "a validation loss every N steps (0: steps/5) and after the last")
@@ -119,11 +119,14 @@ inline int train_main(int argc, char** argv, const TrainDefaults& defaults) {
           if (!inputs.contains(name) || inputs.at(name).dtype() != p::DType::i32 || inputs.at(name).shape().size() != 2 ||
               inputs.at(name).shape()[1] != seq)
             p::user_error("--predict " + predict + ": needs i32 '" + name + "' [batch, " + std::to_string(seq) + "]");
-        const p::Program program = gpt::predict_program(model, inputs.at("tokens").shape()[0], precision);
-        p::NamedArrays feed = inputs;
+        // The loss's gradients too (grad.<tensor name>): what another framework's autograd must agree with.
+        const p::Program program = p::value_and_grad(gpt::predict_program(model, inputs.at("tokens").shape()[0], precision), "loss");
+        p::NamedArrays feed = inputs, predictions;
         for (const auto& [name, a] : state)
           if (program.find_input(name)) feed.insert_or_assign(name, a);
-        p::safetensors::write(predict_out, p::interpret(program, feed));
+        for (auto& [name, a] : p::interpret(program, feed))
+          predictions.emplace(name.starts_with("grad/") ? "grad." + p::safetensors::tensor_name(name.substr(5)) : name, std::move(a));
+        p::safetensors::write(predict_out, predictions);
         std::cout << "predictions of " << predict << " in " << predict_out << std::endl;
       }
       if (sample <= 0) return;

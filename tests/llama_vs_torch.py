@@ -3,7 +3,8 @@
 1. partir trains 20 steps under bp,mp,z3 (batch=2,model=2; f32, then bf16 compute) and saves its weights with
    --save-safetensors (every device writing its own pieces; the bf16 run in files of 20 kB and their index); torch loads them with the reader below and must
    compute the logits and loss that partir's --predict wrote for a held-out batch (max |diff| / max |torch|
-   within 1e-5 in f32; within 1e-2 in bf16, torch computing in bf16 too).
+   within 1e-5 in f32; within 1e-2 in bf16, torch computing in bf16 too), and in f32 every parameter's
+   gradient torch's autograd computes (1e-4).
 2. torch writes its own randomly initialised Llama (8 heads on 2 K/V heads, bf16 and f32 files) with the writer
    below; partir loads them onto another mesh (model=4: the K/V heads kept whole; batch=2,model=2) with
    --load-safetensors, at --lr 0 its predictions must equal torch's, and with a rate its loss falls (under
@@ -148,11 +149,19 @@ def run(label, args, launcher=()):
 
 
 def compare(label, weights, predictions, heads, kv_heads, tol, dtype=torch.float32):
-    """torch computes in `dtype` (weights rounded to it, as partir's compute casts of its f32 master weights)."""
-    w = {k: v.float().to(dtype) for k, v in read_safetensors(weights).items()}
+    """torch computes in `dtype` (weights rounded to it, as partir's compute casts of its f32 master weights); in
+    f32 every parameter's gradient (torch's autograd) must match partir's too (1e-4 relative per tensor)."""
+    w = {k: v.float().to(dtype).requires_grad_() for k, v in read_safetensors(weights).items()}
     got = read_safetensors(predictions)
     logits = llama_logits(w, tokens.long(), heads, kv_heads).float()
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.long().reshape(-1))
+    if dtype == torch.float32:
+        loss.backward()
+        worst = max((((got["grad." + k] - t.grad).abs().max() / t.grad.abs().max()).item(), k) for k, t in w.items())
+        print(f"{label}: gradients of {len(w)} parameters, worst max|partir - torch|/max|torch| {worst[0]:.2e} ({worst[1]})")
+        if not worst[0] <= 1e-4:
+            failures.append(f"{label}: gradient of {worst[1]}: error {worst[0]:.2e} > 1e-4")
+    logits = logits.detach()
     err = ((got["logits"].float() - logits).abs().max() / logits.abs().max()).item()
     loss_err = abs(got["loss"].item() - loss.item()) / abs(loss.item())
     print(f"{label}: logits max|partir - torch|/max|torch| {err:.2e}, loss {got['loss'].item():.6f} vs torch "
