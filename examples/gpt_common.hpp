@@ -1,12 +1,14 @@
 #pragma once
-// What gpt_train and gpt_infer share: the byte corpus and its batches, the next-token program that generates
-// text, and the choice of the next byte.
+// What gpt_train, llama_train and gpt_infer share: the byte corpus and its batches, the programs (train, eval,
+// --predict, the next token that generation asks for) of either model, and the choice of the next byte.
 #include <partir/partir.hpp>
+#include <partir/runtime/state/safetensors.hpp>
 
 #include "recipe.hpp"
 
 #include <cmath>
 #include <fstream>
+#include <iostream>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -90,6 +92,26 @@ p::Program predict_program(const Model& model, std::int64_t batch, const p::Mixe
         return p::NamedTensors{{"logits", logits}, {"loss", p::cross_entropy(logits, targets)}};
       },
       {{"tokens", {batch, seq}, p::DType::i32}, {"targets", {batch, seq}, p::DType::i32}});
+}
+
+// --predict FILE: the trained model (`state`: whole parameters) on the batch in FILE (i32 tokens and targets
+// [batch, seq]), written to `out`: logits, loss and the loss's gradient of each parameter as grad.<tensor name>,
+// what another framework's forward pass and autograd must agree with (tests/llama_vs_torch.py).
+template <class Model>
+void write_predictions(const Model& model, const p::NamedArrays& state, const std::string& file, const std::string& out,
+                       const p::MixedPrecision& precision) {
+  p::NamedArrays feed = p::safetensors::read(file), predictions;
+  for (const char* name : {"tokens", "targets"})
+    if (!feed.contains(name) || feed.at(name).dtype() != p::DType::i32 || feed.at(name).shape().size() != 2 ||
+        feed.at(name).shape()[1] != model.config.seq)
+      p::user_error("--predict " + file + ": needs i32 '" + name + "' [batch, " + std::to_string(model.config.seq) + "]");
+  const p::Program program = p::value_and_grad(predict_program(model, feed.at("tokens").shape()[0], precision), "loss");
+  for (const auto& [name, a] : state)
+    if (program.find_input(name)) feed.insert_or_assign(name, a);
+  for (auto& [name, a] : p::interpret(program, feed))
+    predictions.emplace(name.starts_with("grad/") ? "grad." + p::safetensors::tensor_name(name.substr(5)) : name, std::move(a));
+  p::safetensors::write(out, predictions);
+  std::cout << "predictions of " << file << " in " << out << std::endl;
 }
 
 // tokens [batch, seq] -> "logits" [batch, vocab] of the byte after each window. Generation slides the window

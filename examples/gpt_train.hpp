@@ -80,74 +80,59 @@ inline int train_main(int argc, char** argv, const TrainDefaults& defaults) {
     const p::MixedPrecision precision = loop.mixed_precision();
     // The rest reads the model through its config's vocab and seq, and logits() and loss(): either model.
     auto train_model = [&](const auto& model) {
-    const std::string text = gpt::load_corpus(corpus_path, seq);
-    const auto [train_text, held_out] = gpt::split_corpus(text, holdout, seq);
-    const p::Program step = gpt::train_program(model, batch, recipe, precision);
-    const p::Mesh mesh = p::Mesh::parse(run.mesh);
-    const p::Partitioned plan = examples::partition_and_report(step, mesh, p::parse_schedule(run.schedule));
-    const p::SpmdProgram spmd = p::lower(plan, loop.lower_options());
-    if (experts > 0 && examples::lead_process())  // where the experts went, and the all_to_alls that reach them
-      examples::print_plan_summary(std::cout, plan, spmd, run.schedule, "params/layers/0/moe/experts/b1");
-    // Validation: the loss alone, partitioned by the same schedule (ZeRO-2 shards only optimizer state, which
-    // the forward pass does not read).
-    const p::Program eval = gpt::eval_program(model, batch, precision);
-    const p::SpmdProgram eval_spmd = p::lower(p::partition(eval, mesh, p::parse_schedule(examples::without_tactic(run.schedule, "z2"))), loop.lower_options());
-    examples::LoopOptions options = examples::loop_options(defaults.name, run, loop, recipe, mesh, steps, seed, batch * seq);
-    options.validate_every = eval_every > 0 ? eval_every : std::max(1L, steps / 5);
-    auto next_batch = [&](long s) { return gpt::batch_at(train_text, batch, seq, static_cast<std::uint64_t>(seed), s); };
+      const std::string text = gpt::load_corpus(corpus_path, seq);
+      const auto [train_text, held_out] = gpt::split_corpus(text, holdout, seq);
+      const p::Program step = gpt::train_program(model, batch, recipe, precision);
+      const p::Mesh mesh = p::Mesh::parse(run.mesh);
+      const p::Partitioned plan = examples::partition_and_report(step, mesh, p::parse_schedule(run.schedule));
+      const p::SpmdProgram spmd = p::lower(plan, loop.lower_options());
+      if (experts > 0 && examples::lead_process())  // where the experts went, and the all_to_alls that reach them
+        examples::print_plan_summary(std::cout, plan, spmd, run.schedule, "params/layers/0/moe/experts/b1");
+      // Validation: the loss alone, partitioned by the same schedule (ZeRO-2 shards only optimizer state, which
+      // the forward pass does not read).
+      const p::Program eval = gpt::eval_program(model, batch, precision);
+      const p::SpmdProgram eval_spmd = p::lower(p::partition(eval, mesh, p::parse_schedule(examples::without_tactic(run.schedule, "z2"))), loop.lower_options());
+      examples::LoopOptions options = examples::loop_options(defaults.name, run, loop, recipe, mesh, steps, seed, batch * seq);
+      options.validate_every = eval_every > 0 ? eval_every : std::max(1L, steps / 5);
+      auto next_batch = [&](long s) { return gpt::batch_at(train_text, batch, seq, static_cast<std::uint64_t>(seed), s); };
 
-    auto train = [&]<p::Communicator C>(C& comm) {
-      const p::Executable exe(spmd, comm);
-      const p::Executable evaluator(eval_spmd, comm);
-      examples::LoopOptions o = options;
-      if (holdout > 0)  // the mean loss of the same held-out batches each time
-        o.validate = [&](const p::NamedArrays& state) {
-          p::NamedArrays params = examples::state_for(evaluator, exe, state);
-          double total = 0;
-          for (long b = 1; b <= eval_batches; ++b)
-            total += evaluator.step(params, gpt::batch_at(held_out, batch, seq, static_cast<std::uint64_t>(seed), -b))
-                         .outputs.at("loss").at(0);
-          return total / static_cast<double>(eval_batches);
-        };
-      const examples::Trained trained = examples::train(exe, next_batch, o);
-      if (sample <= 0 && predict.empty()) return;
-      p::NamedArrays state = exe.gather_state(trained.state);
-      if (comm.device() != 0) return;
-      if (!predict.empty()) {  // the trained model on a given batch, for comparison with other frameworks
-        p::NamedArrays inputs = p::safetensors::read(predict);
-        for (const char* name : {"tokens", "targets"})
-          if (!inputs.contains(name) || inputs.at(name).dtype() != p::DType::i32 || inputs.at(name).shape().size() != 2 ||
-              inputs.at(name).shape()[1] != seq)
-            p::user_error("--predict " + predict + ": needs i32 '" + name + "' [batch, " + std::to_string(seq) + "]");
-        // The loss's gradients too (grad.<tensor name>): what another framework's autograd must agree with.
-        const p::Program program = p::value_and_grad(gpt::predict_program(model, inputs.at("tokens").shape()[0], precision), "loss");
-        p::NamedArrays feed = inputs, predictions;
-        for (const auto& [name, a] : state)
-          if (program.find_input(name)) feed.insert_or_assign(name, a);
-        for (auto& [name, a] : p::interpret(program, feed))
-          predictions.emplace(name.starts_with("grad/") ? "grad." + p::safetensors::tensor_name(name.substr(5)) : name, std::move(a));
-        p::safetensors::write(predict_out, predictions);
-        std::cout << "predictions of " << predict << " in " << predict_out << std::endl;
-      }
-      if (sample <= 0) return;
-      // Continue the corpus's first window, one byte at a time, on this device, with the trained parameters.
-      const p::Program next = gpt::next_token_program(model, 1);
-      std::erase_if(state, [&](const auto& kv) { return !next.find_input(kv.first); });
-      std::vector<std::int32_t> window(static_cast<std::size_t>(seq)), generated;
-      gpt::window(text, 0, seq, window.data());
-      std::mt19937_64 rng(static_cast<std::uint64_t>(seed));
-      for (long i = 0; i < sample; ++i) {
-        state["tokens"] = p::Array({1, seq}, window);
-        const auto b = gpt::pick(p::interpret(next, state).at("logits"), 0, temperature, rng);
-        generated.push_back(b);
-        window.erase(window.begin());
-        window.push_back(b);
-      }
-      std::cout << "prompt: " << text.substr(0, static_cast<std::size_t>(seq)) << "\nsample: "
-                << gpt::printable(generated) << std::endl;
-    };
+      auto train = [&]<p::Communicator C>(C& comm) {
+        const p::Executable exe(spmd, comm);
+        const p::Executable evaluator(eval_spmd, comm);
+        examples::LoopOptions o = options;
+        if (holdout > 0)  // the mean loss of the same held-out batches each time
+          o.validate = [&](const p::NamedArrays& state) {
+            p::NamedArrays params = examples::state_for(evaluator, exe, state);
+            double total = 0;
+            for (long b = 1; b <= eval_batches; ++b)
+              total += evaluator.step(params, gpt::batch_at(held_out, batch, seq, static_cast<std::uint64_t>(seed), -b))
+                           .outputs.at("loss").at(0);
+            return total / static_cast<double>(eval_batches);
+          };
+        const examples::Trained trained = examples::train(exe, next_batch, o);
+        if (sample <= 0 && predict.empty()) return;
+        p::NamedArrays state = exe.gather_state(trained.state);
+        if (comm.device() != 0) return;
+        if (!predict.empty()) gpt::write_predictions(model, state, predict, predict_out, precision);
+        if (sample <= 0) return;
+        // Continue the corpus's first window, one byte at a time, on this device, with the trained parameters.
+        const p::Program next = gpt::next_token_program(model, 1);
+        std::erase_if(state, [&](const auto& kv) { return !next.find_input(kv.first); });
+        std::vector<std::int32_t> window(static_cast<std::size_t>(seq)), generated;
+        gpt::window(text, 0, seq, window.data());
+        std::mt19937_64 rng(static_cast<std::uint64_t>(seed));
+        for (long i = 0; i < sample; ++i) {
+          state["tokens"] = p::Array({1, seq}, window);
+          const auto b = gpt::pick(p::interpret(next, state).at("logits"), 0, temperature, rng);
+          generated.push_back(b);
+          window.erase(window.begin());
+          window.push_back(b);
+        }
+        std::cout << "prompt: " << text.substr(0, static_cast<std::size_t>(seq)) << "\nsample: "
+                  << gpt::printable(generated) << std::endl;
+      };
 
-    examples::run_on_backend(run.backend, mesh.num_devices(), argc, argv, train);
+      examples::run_on_backend(run.backend, mesh.num_devices(), argc, argv, train);
     };
     if (defaults.llama)
       train_model(p::nn::Llama{{.vocab = 256, .seq = seq, .d_model = dmodel, .layers = layers, .heads = heads,

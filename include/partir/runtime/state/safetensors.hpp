@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "partir/runtime/comm/communicator.hpp"
+#include "partir/runtime/kernels/elements.hpp"
 #include "partir/runtime/kernels/layout.hpp"
 #include "partir/runtime/state/state.hpp"
 #include "partir/spmd/spmd_program.hpp"
@@ -80,18 +81,6 @@ inline std::string parameter_name(const std::string& tensor) {
   return out;
 }
 
-// Calls f(T{}) with the element type of `t`.
-template <class F>
-void with_element_type(DType t, F&& f) {
-  switch (t) {
-    case DType::f32: return f(float{});
-    case DType::f64: return f(double{});
-    case DType::i32: return f(std::int32_t{});
-    case DType::bf16: return f(bf16{});
-    case DType::f16: return f(f16{});
-  }
-}
-
 // `n` elements of dtype `from` at `in` as dtype `to` at `out` (16-bit floats through f32, rounding to nearest
 // even as Array::set does). Either side may be unaligned: a foreign file's offsets need not be.
 inline void convert_elements(const std::byte* in, DType from, std::byte* out, DType to, std::int64_t n) {
@@ -99,8 +88,8 @@ inline void convert_elements(const std::byte* in, DType from, std::byte* out, DT
     std::memcpy(out, in, static_cast<std::size_t>(n * size_of(from)));
     return;
   }
-  with_element_type(from, [&]<class From>(From) {
-    with_element_type(to, [&]<class To>(To) {
+  kernels::visit_dtype(from, [&]<class From>(From) {
+    kernels::visit_dtype(to, [&]<class To>(To) {
       for (std::int64_t i = 0; i < n; ++i) {
         From x;
         std::memcpy(&x, in + i * static_cast<std::int64_t>(sizeof(From)), sizeof(From));
@@ -157,12 +146,6 @@ class Reader {
       if (!entries_.contains(name))
         user_error("safetensors '" + path + "': the index maps tensor '" + name + "' to " + file + ", which does not hold it");
   }
-  ~Reader() {
-    for (const auto& [file, m] : maps_)
-      if (m.size) ::munmap(const_cast<std::byte*>(m.data), m.size);
-  }
-  Reader(const Reader&) = delete;
-  Reader& operator=(const Reader&) = delete;
 
   const std::map<std::string, Entry>& entries() const { return entries_; }
 
@@ -178,9 +161,16 @@ class Reader {
   }
 
  private:
+  // A file mapped read-only, unmapped with its Reader (also when a later file's error ends the constructor).
   struct Mapped {
     const std::byte* data = nullptr;
     std::size_t size = 0;
+    Mapped() = default;
+    Mapped(const Mapped&) = delete;
+    Mapped& operator=(const Mapped&) = delete;
+    ~Mapped() {
+      if (data) ::munmap(const_cast<std::byte*>(data), size);
+    }
   };
 
   void open(const std::string& file) {
@@ -191,7 +181,7 @@ class Reader {
     struct stat st {};
     ::fstat(fd, &st);
     const auto size = static_cast<std::size_t>(st.st_size);
-    Mapped m{nullptr, size};
+    Mapped& m = maps_[file];
     if (size > 0) {
       void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
       if (p == MAP_FAILED) {
@@ -199,9 +189,9 @@ class Reader {
         fail("cannot map it");
       }
       m.data = static_cast<const std::byte*>(p);
+      m.size = size;
     }
     ::close(fd);
-    maps_[file] = m;
     if (size < 8) fail("truncated: " + std::to_string(size) + " bytes, not even the 8-byte header length");
     std::uint64_t header = 0;
     std::memcpy(&header, m.data, 8);
