@@ -335,35 +335,60 @@ inline void create_files(const std::string& dir, const Layout& layout, bool one_
   }
 }
 
-// Writes the piece `a` (at `offset` in entry e's tensor) into e's file, converted to e's dtype.
-inline void write_piece(const std::string& dir, const Entry& e, const Array& a, const std::vector<std::int64_t>& offset) {
-  const std::string path = dir + "/" + e.file + ".tmp";
-  const int fd = ::open(path.c_str(), O_WRONLY);
-  if (fd < 0) user_error("safetensors: cannot open '" + path + "' to write '" + e.name + "'");
-  const std::int64_t from = static_cast<std::int64_t>(size_of(a.dtype())), to = static_cast<std::int64_t>(size_of(e.type.dtype));
-  std::vector<std::byte> run;
-  bool ok = true;
-  // Rows that follow each other in the file go out in one write.
-  std::int64_t pending_at = -1, pending_n = 0;
-  auto flush = [&] {
-    if (pending_n > 0 && ::pwrite(fd, run.data(), static_cast<std::size_t>(pending_n * to), e.begin + pending_at * to) !=
-                             static_cast<ssize_t>(pending_n * to))
-      ok = false;
-    run.clear();
-    pending_n = 0;
-  };
-  layout::for_each_run(a.shape(), e.type.shape, offset, [&](std::int64_t local, std::int64_t global, std::int64_t n) {
-    if (pending_n > 0 && pending_at + pending_n != global) flush();
-    if (pending_n == 0) pending_at = global;
-    run.resize(static_cast<std::size_t>((pending_n + n) * to));
-    convert_elements(layout::bytes(a) + local * from, a.dtype(), run.data() + pending_n * to, e.type.dtype, n);
-    pending_n += n;
-  });
-  flush();
-  ::fsync(fd);
-  ::close(fd);
-  if (!ok) user_error("safetensors: cannot write '" + e.name + "' to '" + path + "'");
-}
+// Writes pieces of tensors into the .tmp files create_files made: each file opened once per writer, synced
+// once at finish().
+class PieceWriter {
+ public:
+  explicit PieceWriter(std::string dir) : dir_(std::move(dir)) {}
+  PieceWriter(const PieceWriter&) = delete;
+  PieceWriter& operator=(const PieceWriter&) = delete;
+  ~PieceWriter() {
+    for (const auto& [file, fd] : fds_) ::close(fd);
+  }
+
+  // The piece `a` at `offset` in entry e's tensor, converted to e's dtype; rows that follow each other in the
+  // file go out in one write.
+  void write(const Entry& e, const Array& a, const std::vector<std::int64_t>& offset) {
+    const int fd = open(e);
+    const std::int64_t from = static_cast<std::int64_t>(size_of(a.dtype())), to = static_cast<std::int64_t>(size_of(e.type.dtype));
+    std::int64_t pending_at = -1, pending_n = 0;
+    auto flush = [&] {
+      if (pending_n > 0 && ::pwrite(fd, run_.data(), static_cast<std::size_t>(pending_n * to), e.begin + pending_at * to) !=
+                               static_cast<ssize_t>(pending_n * to))
+        user_error("safetensors: cannot write '" + e.name + "' to '" + dir_ + "/" + e.file + ".tmp'");
+      pending_n = 0;
+    };
+    layout::for_each_run(a.shape(), e.type.shape, offset, [&](std::int64_t local, std::int64_t global, std::int64_t n) {
+      if (pending_n > 0 && pending_at + pending_n != global) flush();
+      if (pending_n == 0) pending_at = global;
+      run_.resize(static_cast<std::size_t>((pending_n + n) * to));
+      convert_elements(layout::bytes(a) + local * from, a.dtype(), run_.data() + pending_n * to, e.type.dtype, n);
+      pending_n += n;
+    });
+    flush();
+  }
+
+  void finish() {
+    for (auto it = fds_.begin(); it != fds_.end(); it = fds_.erase(it)) {
+      const bool synced = ::fsync(it->second) == 0;
+      ::close(it->second);
+      if (!synced) user_error("safetensors: cannot sync '" + dir_ + "/" + it->first + ".tmp'");
+    }
+  }
+
+ private:
+  int open(const Entry& e) {
+    if (auto it = fds_.find(e.file); it != fds_.end()) return it->second;
+    const std::string path = dir_ + "/" + e.file + ".tmp";
+    const int fd = ::open(path.c_str(), O_WRONLY);
+    if (fd < 0) user_error("safetensors: cannot open '" + path + "' to write '" + e.name + "'");
+    return fds_[e.file] = fd;
+  }
+
+  std::string dir_;
+  std::map<std::string, int> fds_;
+  std::vector<std::byte> run_;
+};
 
 // Device 0's part after the pieces: the files into place (and the index when there are several).
 inline void commit_files(const std::string& dir, const Layout& layout) {
@@ -399,8 +424,10 @@ inline void write(const std::string& path, const NamedArrays& tensors, const Saf
   const Layout layout = plan_files(types, one_file ? std::numeric_limits<std::int64_t>::max() : options.max_file_bytes,
                                    one_file ? std::filesystem::path(path).filename().string() : "model.safetensors");
   create_files(dir, layout, one_file);
+  PieceWriter writer(dir);
   std::size_t i = 0;
-  for (const auto& [name, a] : tensors) write_piece(dir, layout.entries[i++], a, std::vector<std::int64_t>(a.shape().size(), 0));
+  for (const auto& [name, a] : tensors) writer.write(layout.entries[i++], a, std::vector<std::int64_t>(a.shape().size(), 0));
+  writer.finish();
   commit_files(dir, layout);
 }
 // Every tensor of `path` (a directory or a .safetensors file), whole, under its own name, as saved.
@@ -443,6 +470,7 @@ void save_safetensors(const std::string& dir, const SpmdProgram& spmd, C& comm, 
   const std::int64_t me = comm.device();
   if (me == 0) safetensors::create_files(dir, layout);
   comm.barrier();
+  safetensors::PieceWriter writer(dir);
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const Binding& b = *parameters[i];
     if (!holds_state(spmd, b, me)) continue;
@@ -453,8 +481,9 @@ void save_safetensors(const std::string& dir, const SpmdProgram& spmd, C& comm, 
     if (!first) continue;
     const auto it = state.find(b.name);
     if (it == state.end()) user_error("save_safetensors: the state has no '" + b.name + "'");
-    safetensors::write_piece(dir, layout.entries[i], it->second, offset);
+    writer.write(layout.entries[i], it->second, offset);
   }
+  writer.finish();
   comm.barrier();
   if (me == 0) safetensors::commit_files(dir, layout);
   comm.barrier();  // no device reads DIR before it is complete
