@@ -258,6 +258,12 @@ TEST_CASE("safetensors: saved under bp,mp,z3 on 2x2, every device writing its ow
   // The files hold the whole parameters, bit for bit.
   const NamedArrays loaded = load_safetensors(tmp / "weights");
   CHECK(loaded == params);
+  // A pipeline's stages write their own layers.
+  const SpmdProgram staged = lower(partition(train(c, {.microbatches = 2}), Mesh{{"stage", 2}, {"batch", 2}}, parse_schedule("pp,bp")));
+  on_devices(staged, init, [&](threads::Communicator& comm, NamedArrays& state) {
+    save_safetensors(tmp / "staged", staged, comm, state);
+  });
+  CHECK(load_safetensors(tmp / "staged") == params);
 
   // Restored on other meshes and plans: each device's piece is the one its plan wants.
   for (const auto& [label, mesh, schedule] :
