@@ -1,23 +1,35 @@
-// Pipeline parallelism on a GPT train step (8 layers, d_model 128, seq 64, batch 16, Adam) over stage=2 and
-// stage=4 on the threads backend, M = 1, 2, 4, 8 microbatches, GPipe and 1F1B: the step time, the bubble
-// (the fraction of the step a stage waits in recvs, averaged over stages) measured from the devices'
-// timelines and predicted by the simulator, and stage 0's peak activation memory (its peak less the state it
-// holds). The published bubble is (p - 1) / (M + p - 1) for both schedules; 1F1B keeps at most p
-// microbatches' activations on stage 0 where GPipe keeps M. Steps run one ExecutionPlan made beforehand, as an
-// Executable does; "plan ms" is the time to make it (cut every stage's program, plan its fusion), the host
-// work each step repeated before plans were made once. Prints, last:
-//   bubble predicted vs measured: worst |error| E           (target <= 0.1)
-//   1f1b/gpipe peak activation memory (p=4, M=8): R         (target <= 0.6)
-// On 2 cores, 4 device threads are oversubscribed: their measured bubbles include descheduled peers.
-// usage: pipeline [reps]
+// Pipeline schedules on a GPT train step (8 layers, d_model 128, seq 64, batch 16, Adam) over stage=2 and
+// stage=4, M = 1, 2, 4, 8 microbatches: GPipe, 1F1B, zb1 (ZB-H1), interleaved:2 and zbv. Per row: the step
+// time, the bubble (the fraction of the step a stage waits in recvs, averaged over stages) measured from the
+// devices' timelines and predicted by the simulator from the same program, the published bubble, stage 0's peak
+// activation memory (its peak less the state it holds) and the stages' predicted busy time, slowest over
+// fastest. Published: GPipe and 1F1B (p - 1) / (M + p - 1); interleaved (p - 1) / (vM + p - 1); zb1 about a
+// third of 1F1B's where F, B and W cost alike. Steps run one ExecutionPlan made beforehand, as an Executable
+// does. Prints, last:
+//   bubble predicted vs measured: worst |error| E                      (target <= 0.1 under MPI at p=2)
+//   1f1b/gpipe peak activation memory (p=4, M=8): R
+//   zb1/1f1b bubble (p=4, M=8): predicted R, measured R                (target <= 0.45)
+//   interleaved(v=2)/1f1b bubble (p=4, M=8): predicted R, measured R   (target <= 0.6)
+//   zb1/1f1b peak memory (p=4, M=8): R                                 (target <= 1.05)
+//   1f1b/gpipe peak activation memory (p=4, M=8), GPT d256 seq 512: R  (target <= 0.6; a model whose activations
+//                                                                       dominate, predicted: the simulator's
+//                                                                       memory is the executor's)
+// On the threads backend 4 device threads oversubscribe 2 cores: their measured bubbles include descheduled
+// peers. `pipeline --mpi` under `mpirun -np P` runs the rows of P stages with one rank per stage.
+// usage: pipeline [reps] [--mpi]
 #include <partir/partir.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <random>
 
 #include "../examples/cli.hpp"
+
+#ifdef PARTIR_BENCH_MPI
+#include <partir/runtime/comm/mpi.hpp>
+#endif
 
 namespace p = partir;
 
@@ -26,91 +38,234 @@ namespace {
 constexpr long batch = 16;
 const p::nn::GptConfig config{.vocab = 256, .seq = 64, .d_model = 128, .heads = 4, .layers = 8};
 
+const std::vector<p::PipelineSchedule> schedules{p::PipelineSchedule::gpipe, p::PipelineSchedule::one_f_one_b,
+                                                 p::PipelineSchedule::zb1, p::PipelineSchedule::interleaved(2),
+                                                 p::PipelineSchedule::zbv};
+
 struct Run {
-  double ms = 0, plan_ms = 0, bubble = 0, predicted_bubble = 0;
-  std::int64_t activations = 0;  // stage 0, measured
+  double ms = 0, bubble = 0, predicted_bubble = 0, imbalance = 0;
+  std::int64_t activations = 0, peak = 0;  // stage 0, measured
 };
 
-Run measure(int stages, int m, p::PipelineSchedule schedule, int reps) {
-  const p::nn::Gpt model{config};
-  const p::Program step = p::train_step([&](p::Tensor t, p::Tensor y) { return model.loss(t, y); }, p::Adam{1e-3},
-                                        {{"tokens", {batch, config.seq}, p::DType::i32}, {"targets", {batch, config.seq}, p::DType::i32}},
-                                        p::StepOptions{.microbatches = m});
-  const p::SpmdProgram spmd = p::lower(p::partition(step, p::Mesh{{"stage", stages}}, {p::pipeline("stage", schedule)}));
-  Run r;
-  r.predicted_bubble = p::simulate(spmd, p::HardwareProfile::detect()).bubble_fraction;
-  std::int64_t held = 0;  // the state stage 0 holds for the whole step
+p::Program gpt_step(const p::nn::GptConfig& c, int m) {
+  const p::nn::Gpt model{c};
+  return p::train_step([&](p::Tensor t, p::Tensor y) { return model.loss(t, y); }, p::Adam{1e-3},
+                       {{"tokens", {batch, c.seq}, p::DType::i32}, {"targets", {batch, c.seq}, p::DType::i32}},
+                       p::StepOptions{.microbatches = m});
+}
+
+p::SpmdProgram pipelined(const p::Program& step, int stages, const p::PipelineSchedule& schedule) {
+  return p::lower(p::partition(step, p::Mesh{{"stage", stages}}, {p::pipeline("stage", schedule)}));
+}
+
+// The state stage 0 holds for the whole step.
+std::int64_t held_by_stage_0(const p::SpmdProgram& spmd) {
+  std::int64_t held = 0;
   const p::SpmdProgram first = p::stage_program(spmd, 0);
   for (const auto& b : first.inputs()) held += first.type(b.value).bytes();
+  return held;
+}
+
+bool runs(const p::PipelineSchedule& s, int stages, int m) {
+  return s.chunks == 1 || s.v_shape || m % stages == 0;
+}
+
+// This device's bubble: the time it waited in recvs over the time it ran.
+double bubble_of(const p::SpmdProgram& spmd, const p::DeviceResult& d) {
+  double waited = 0, end = 0;
+  for (const auto& t : d.timeline) {
+    end = std::max(end, t.start + t.seconds);
+    if (const auto& c = spmd.op(t.value).collective; c && c->kind == p::CollectiveKind::recv) waited += t.seconds;
+  }
+  return end > 0 ? waited / end : 0;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Predicted figures of a pipelined program.
+void predict(const p::SpmdProgram& spmd, Run& r) {
+  const p::Report report = p::simulate(spmd, p::HardwareProfile::detect());
+  r.predicted_bubble = report.bubble_fraction;
+  double most = 0, least = 1e300;
+  for (const auto& st : report.stages) most = std::max(most, st.busy_seconds), least = std::min(least, st.busy_seconds);
+  r.imbalance = most / least;
+}
+
+p::NamedArrays random_state(const p::Program& step) {
   p::NamedArrays state = p::init_inputs(step, 0, true);
   std::mt19937_64 rng(1);
   for (const char* name : {"tokens", "targets"})
     for (std::int64_t i = 0; i < state.at(name).size(); ++i) state.at(name).set(i, static_cast<double>(rng() % config.vocab));
-  std::vector<double> ms, bubbles, plan_ms;
-  for (int i = 0; i <= reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    const p::ExecutionPlan plan(spmd);
-    plan_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-  }
+  return state;
+}
+
+Run measure_threads(int stages, int m, const p::PipelineSchedule& schedule, int reps) {
+  const p::Program step = gpt_step(config, m);
+  const p::SpmdProgram spmd = pipelined(step, stages, schedule);
+  Run r;
+  predict(spmd, r);
+  const std::int64_t held = held_by_stage_0(spmd);
+  const p::NamedArrays state = random_state(step);
   const p::ExecutionPlan plan(spmd);
+  std::vector<double> ms, bubbles;
   for (int i = 0; i <= reps; ++i) {  // the first run warms buffers and primitives up
     const auto t0 = std::chrono::steady_clock::now();
     const auto results = p::execute_on_threads(plan, state, {.timeline = true});
     if (i == 0) continue;
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     double bubble = 0;
-    for (const auto& d : results) {
-      double waited = 0, end = 0;
-      for (const auto& t : d.timeline) {
-        end = std::max(end, t.start + t.seconds);
-        if (const auto& c = spmd.op(t.value).collective; c && c->kind == p::CollectiveKind::recv) waited += t.seconds;
-      }
-      bubble += end > 0 ? waited / end : 0;
-    }
+    for (const auto& d : results) bubble += bubble_of(spmd, d);
     bubbles.push_back(bubble / static_cast<double>(results.size()));
+    r.peak = std::max(r.peak, results[0].peak_bytes);
     r.activations = std::max(r.activations, results[0].peak_bytes - held);
   }
-  std::sort(ms.begin(), ms.end());
-  std::sort(bubbles.begin(), bubbles.end());
-  std::sort(plan_ms.begin(), plan_ms.end());
-  r.ms = ms[ms.size() / 2];
-  r.plan_ms = plan_ms[plan_ms.size() / 2];
-  r.bubble = bubbles[bubbles.size() / 2];
+  r.ms = median(ms);
+  r.bubble = median(bubbles);
   p::kernels::buffer_cache().clear();
   return r;
 }
+
+void print_header(const char* backend) {
+  std::printf("GPT %lld layers, d_model %lld, seq %lld, batch %ld; %s backend, one device per stage\n",
+              static_cast<long long>(config.layers), static_cast<long long>(config.d_model),
+              static_cast<long long>(config.seq), batch, backend);
+  std::printf("%6s %4s %-14s %10s %10s %10s %10s %14s %10s\n", "stages", "M", "schedule", "step ms", "published",
+              "predicted", "measured", "stage-0 act.", "busy max/min");
+}
+
+double published(const p::PipelineSchedule& s, int stages, int m) {
+  const double bubble_1f1b = static_cast<double>(stages - 1) / (m + stages - 1);
+  if (s.splits_backward()) return -1;  // depends on the costs of F, B and W
+  if (s.chunks > 1) return static_cast<double>(stages - 1) / (s.chunks * m + stages - 1);
+  return bubble_1f1b;
+}
+
+void print_row(int stages, int m, const p::PipelineSchedule& s, const Run& r) {
+  const double pub = published(s, stages, m);
+  std::printf("%6d %4d %-14s %10.1f %10s %10.3f %10.3f %14s %10.2f\n", stages, m, p::name_of(s).c_str(), r.ms,
+              pub < 0 ? "-" : std::to_string(pub).substr(0, 5).c_str(), r.predicted_bubble, r.bubble,
+              p::human_bytes(static_cast<double>(r.activations)).c_str(), r.imbalance);
+  std::fflush(stdout);
+}
+
+// The ratios of the p=4, M=8 rows (or the largest p run) that the targets name.
+struct Ratios {
+  int stages = 4;
+  std::map<std::string, Run> at;  // schedule name -> its run at p, M = 8
+  void print() const {
+    if (!at.contains("1f1b")) return;
+    const Run& one = at.at("1f1b");
+    auto bubble = [&](const char* name, const char* label) {
+      if (!at.contains(name)) return;
+      std::printf("%s (p=%d, M=8): predicted %.2f, measured %.2f\n", label, stages, at.at(name).predicted_bubble / one.predicted_bubble,
+                  at.at(name).bubble / one.bubble);
+    };
+    if (at.contains("gpipe"))
+      std::printf("1f1b/gpipe peak activation memory (p=%d, M=8): %.2f\n", stages,
+                  static_cast<double>(one.activations) / static_cast<double>(at.at("gpipe").activations));
+    bubble("zb1", "zb1/1f1b bubble");
+    bubble("interleaved:2", "interleaved(v=2)/1f1b bubble");
+    if (at.contains("zb1"))
+      std::printf("zb1/1f1b peak memory (p=%d, M=8): %.2f\n", stages, static_cast<double>(at.at("zb1").peak) / static_cast<double>(one.peak));
+  }
+};
+
+// A model whose activations dominate: stage 0's activation memory under 1F1B over GPipe, predicted.
+void activation_dominated() {
+  const p::nn::GptConfig big{.vocab = 256, .seq = 512, .d_model = 256, .heads = 4, .layers = 8};
+  const p::Program step = gpt_step(big, 8);
+  std::int64_t act[2] = {0, 0};
+  int i = 0;
+  for (const auto& s : {p::PipelineSchedule::gpipe, p::PipelineSchedule::one_f_one_b}) {
+    const p::SpmdProgram spmd = pipelined(step, 4, s);
+    act[i++] = p::simulate(spmd, p::HardwareProfile::detect()).stages[0].peak_bytes - held_by_stage_0(spmd);
+  }
+  std::printf("1f1b/gpipe peak activation memory (p=4, M=8), GPT d256 seq 512 8 layers, predicted: %.2f\n",
+              static_cast<double>(act[1]) / static_cast<double>(act[0]));
+}
+
+#ifdef PARTIR_BENCH_MPI
+int run_mpi(int argc, char** argv, int reps) {
+  p::mpi::Session session(argc, argv);
+  p::mpi::Communicator world;
+  const int stages = session.size();
+  const bool root = session.rank() == 0;
+  if (root) print_header(("MPI (" + std::to_string(stages) + " ranks)").c_str());
+  double worst = 0;
+  Ratios ratios{stages, {}};
+  for (int m : {1, 2, 4, 8})
+    for (const auto& schedule : schedules) {
+      if (!runs(schedule, stages, m) || (schedule.chunks > 1 && config.layers < stages * schedule.chunks)) continue;
+      const p::Program step = gpt_step(config, m);
+      const p::SpmdProgram spmd = pipelined(step, stages, schedule);
+      Run r;
+      predict(spmd, r);
+      const std::int64_t held = held_by_stage_0(spmd);
+      const p::NamedArrays state = random_state(step);
+      const p::ExecutionPlan plan(spmd);
+      std::vector<double> ms, bubbles;
+      for (int i = 0; i <= reps; ++i) {
+        world.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        const p::DeviceResult d = p::execute(plan, world, state, {.timeline = true});
+        double mine[2] = {std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+                          bubble_of(spmd, d)};
+        MPI_Allreduce(MPI_IN_PLACE, &mine[1], 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, &mine[0], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        if (i == 0) continue;
+        ms.push_back(mine[0]);
+        bubbles.push_back(mine[1] / stages);
+        if (root) r.peak = std::max(r.peak, d.peak_bytes), r.activations = std::max(r.activations, d.peak_bytes - held);
+      }
+      r.ms = median(ms);
+      r.bubble = median(bubbles);
+      p::kernels::buffer_cache().clear();
+      if (!root) continue;
+      print_row(stages, m, schedule, r);
+      worst = std::max(worst, std::abs(r.predicted_bubble - r.bubble));
+      if (m == 8) ratios.at[p::name_of(schedule)] = r;
+    }
+  if (root) {
+    std::printf("bubble predicted vs measured under MPI (p=%d): worst |error| %.3f\n", stages, worst);
+    ratios.print();
+  }
+  return 0;
+}
+#endif
 
 }  // namespace
 
 int main(int argc, char** argv) {
   cli::App app("Pipeline schedules on a GPT: step time, bubble predicted vs measured, stage-0 memory.", "pipeline");
   int reps = 3;
+  bool mpi = false;
   app.add_option("reps", reps, "timed steps per configuration (the median counts)")->check(cli::at_least(1));
+  app.add_flag("--mpi", mpi, "one rank per stage under mpirun -np P (P = 2 or 4): the rows of P stages");
   app.parse(argc, argv);
-  std::printf("GPT %lld layers, d_model %lld, seq %lld, batch %ld; threads backend, one device per stage\n",
-              static_cast<long long>(config.layers), static_cast<long long>(config.d_model),
-              static_cast<long long>(config.seq), batch);
-  std::printf("%6s %4s %-6s %10s %10s %10s %10s %10s %14s\n", "stages", "M", "sched", "step ms", "plan ms", "published",
-              "predicted", "measured", "stage-0 act.");
-  double worst = 0, ratio = 0, plan_share = 0;
+  if (mpi) {
+#ifdef PARTIR_BENCH_MPI
+    return run_mpi(argc, argv, reps);
+#else
+    std::fprintf(stderr, "pipeline --mpi: this build has no MPI\n");
+    return 2;
+#endif
+  }
+  print_header("threads");
+  double worst = 0;
+  Ratios ratios;
   for (int stages : {2, 4})
-    for (int m : {1, 2, 4, 8}) {
-      std::int64_t gpipe_act = 0;
-      for (auto schedule : {p::PipelineSchedule::gpipe, p::PipelineSchedule::one_f_one_b}) {
-        const Run r = measure(stages, m, schedule, reps);
-        const double published = static_cast<double>(stages - 1) / (m + stages - 1);
-        std::printf("%6d %4d %-6s %10.1f %10.2f %10.3f %10.3f %10.3f %14s\n", stages, m,
-                    std::string(p::name_of(schedule)).c_str(), r.ms, r.plan_ms, published, r.predicted_bubble, r.bubble,
-                    p::human_bytes(static_cast<double>(r.activations)).c_str());
-        plan_share = std::max(plan_share, r.plan_ms / stages / r.ms);  // one stage's share, per device
-        std::fflush(stdout);
+    for (int m : {1, 2, 4, 8})
+      for (const auto& schedule : schedules) {
+        if (!runs(schedule, stages, m)) continue;
+        const Run r = measure_threads(stages, m, schedule, reps);
+        print_row(stages, m, schedule, r);
         worst = std::max(worst, std::abs(r.predicted_bubble - r.bubble));
-        if (schedule == p::PipelineSchedule::gpipe) gpipe_act = r.activations;
-        else if (stages == 4 && m == 8) ratio = static_cast<double>(r.activations) / static_cast<double>(gpipe_act);
+        if (stages == 4 && m == 8) ratios.at[p::name_of(schedule)] = r;
       }
-    }
   std::printf("bubble predicted vs measured: worst |error| %.3f\n", worst);
-  std::printf("1f1b/gpipe peak activation memory (p=4, M=8): %.2f\n", ratio);
-  std::printf("host work each device did every step (its stage's cut and fusion plan), now once per plan: up to %.1f%% "
-              "of a step\n", 100 * plan_share);
+  ratios.print();
+  activation_dominated();
 }

@@ -58,7 +58,7 @@ inline int train_main(int argc, char** argv, const TrainDefaults& defaults) {
   }
   examples::RunFlags run(app, defaults.mesh, defaults.schedule,
                          "tactics in order: bp, mp, z2, z3, emb, ep (experts on axis expert), pp (1F1B on axis stage), "
-                         "pp:gpipe, auto:model (comma-separated)",
+                         "pp:gpipe, pp:interleaved:<v>, pp:zb1, pp:zbv, auto:model (comma-separated)",
                          defaults.name + "_report.json");
   app.add_option("--sample", sample, "bytes to generate after training")->check(cli::at_least(0));
   app.add_option("--temperature", temperature, "sampling temperature; 0 picks the likeliest byte")->check(cli::at_least(0));

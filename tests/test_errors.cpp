@@ -604,9 +604,42 @@ TEST_CASE("catalog: pipeline parallelism") {
                        "pipeline tactic per schedule",
                        UserError);
   // E100 an unknown pipeline schedule name
-  CHECK_THROWS_WITH_AS(parse_schedule("pp:interleaved"),
-                       "schedule 'pp:interleaved': unknown tactic 'pp:interleaved' (expected none, bp, mp, z2, z3, emb, "
-                       "mq, ep, sp, pp, pp:gpipe, auto:<axis>)",
+  CHECK_THROWS_WITH_AS(parse_schedule("pp:zb2"),
+                       "schedule 'pp:zb2': unknown tactic 'pp:zb2' (expected none, bp, mp, z2, z3, emb, mq, ep, sp, pp, "
+                       "pp:gpipe, pp:interleaved:<v>, pp:zb1, pp:zbv, auto:<axis>)",
+                       UserError);
+  // E117 chunked schedules: a chunk count below 1 or one the order does not run, layers that do not split into
+  // equal chunks, microbatches the stages do not divide (interleaved), selectors not one list per virtual stage
+  CHECK_THROWS_WITH_AS(parse_schedule("pp:interleaved:0"),
+                       "schedule 'pp:interleaved:0': 'pp:interleaved:0' needs a chunk count of at least 1, as in pp:interleaved:2",
+                       UserError);
+  CHECK_THROWS_WITH_AS(partition(step, two, {pipeline("stage", PipelineSchedule{PipelineSchedule::Order::gpipe, 2, false})}),
+                       "tactic 1 (pp(stage, gpipe:2)): schedule gpipe:2 is not one partir runs (gpipe and zb1 hold one "
+                       "chunk per device, interleaved:v at least one, zbv two)",
+                       UserError);
+  const nn::Gpt three_layers{{.vocab = 16, .seq = 4, .d_model = 8, .heads = 2, .layers = 3}};
+  const Program step3 = train_step([&](Tensor t, Tensor y) { return three_layers.loss(t, y); }, Adam{}, data,
+                                   StepOptions{.microbatches = 2});
+  CHECK_THROWS_WITH_AS(partition(step3, Mesh{{"stage", 1}}, parse_schedule("pp:interleaved:2")),
+                       "tactic 1 (pp(stage, interleaved:2)): 'train_step' has 3 layers, which do not split into 1 stages "
+                       "x 2 chunks of equal size (a chunked schedule deals equal chunks round the devices; use a chunk "
+                       "count that divides the layers per stage)",
+                       UserError);
+  CHECK_THROWS_WITH_AS(partition(step, Mesh{{"stage", 2}}, parse_schedule("pp:zbv")),
+                       "tactic 1 (pp(stage, zbv)): 4 virtual stages on 'stage' but 'train_step' has 2 layers: virtual "
+                       "stage 2 would have no ops (use at most as many virtual stages as layers)",
+                       UserError);
+  const nn::Gpt four_layers{{.vocab = 16, .seq = 4, .d_model = 8, .heads = 2, .layers = 4}};
+  const Program odd = train_step([&](Tensor t, Tensor y) { return four_layers.loss(t, y); }, Adam{}, data,
+                                 StepOptions{.microbatches = 1});
+  CHECK_THROWS_WITH_AS(partition(odd, two, parse_schedule("pp:interleaved:2")),
+                       "tactic 1 (pp(stage, interleaved:2)): 1 microbatches, which 2 stages do not divide (the "
+                       "interleaved schedule runs each chunk on p microbatches at a time, as Megatron-LM's; use a "
+                       "multiple of 2)",
+                       UserError);
+  CHECK_THROWS_WITH_AS(partition(mlp_step, two, {pipeline("stage", PipelineSchedule::zbv, {{"params/mlp/w1"}, {"params/mlp/b1"}})}),
+                       "tactic 1 (pp(stage, zbv)): 2 stages' selectors for axis 'stage' of size 2 with 2 chunks each (one "
+                       "list per virtual stage: 4)",
                        UserError);
 }
 

@@ -1,6 +1,7 @@
 #pragma once
 // The examples' --schedule flag as a Schedule: the presets by their short names, and "auto:<axis>", the
 // automatic search, which is why this lives above the simulator (search/) and presets.hpp does not.
+#include <charconv>
 #include <string_view>
 
 #include "partir/search/automatic.hpp"
@@ -9,7 +10,8 @@
 namespace partir {
 
 // "bp,mp,z3" with BP and ZeRO on `batch_axis`, MP, EMB and MQ on `model_axis`, EP on `expert_axis`, SP on
-// `spatial_axis` and PP (1F1B; pp:gpipe for GPipe) on `stage_axis` (the examples' --schedule flag). "auto:<axis>" (or "auto", on `model_axis`) is an AutomaticPartition with default settings whose
+// `spatial_axis` and PP on `stage_axis` (1F1B; pp:gpipe, pp:interleaved:<v>, pp:zb1, pp:zbv: sharding/stages.hpp)
+// (the examples' --schedule flag). "auto:<axis>" (or "auto", on `model_axis`) is an AutomaticPartition with default settings whose
 // `report` is set, so a caller can print what it chose.
 PARTIR_ENTRY Schedule parse_schedule(std::string_view text, const std::string& batch_axis = "batch",
                                const std::string& model_axis = "model", const std::string& stage_axis = "stage",
@@ -31,6 +33,17 @@ PARTIR_ENTRY Schedule parse_schedule(std::string_view text, const std::string& b
     else if (item == "emb") out.push_back(embedding(model_axis));
     else if (item == "pp" || item == "pp:1f1b") out.push_back(pipeline(stage_axis));
     else if (item == "pp:gpipe") out.push_back(pipeline(stage_axis, PipelineSchedule::gpipe));
+    else if (item == "pp:zb1") out.push_back(pipeline(stage_axis, PipelineSchedule::zb1));
+    else if (item == "pp:zbv") out.push_back(pipeline(stage_axis, PipelineSchedule::zbv));
+    else if (item.starts_with("pp:interleaved:")) {
+      int v = 0;
+      const auto digits = item.substr(15);
+      const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+      if (error != std::errc{} || end != digits.data() + digits.size() || v < 1)
+        user_error("schedule '" + std::string(text) + "': '" + std::string(item) +
+                   "' needs a chunk count of at least 1, as in pp:interleaved:2");
+      out.push_back(pipeline(stage_axis, PipelineSchedule::interleaved(v)));
+    }
     else if (item == "mq") out.push_back(multi_query(model_axis));
     else if (item == "ep") out.push_back(expert_parallel(expert_axis));
     else if (item == "sp") out.push_back(spatial(spatial_axis));
@@ -42,7 +55,8 @@ PARTIR_ENTRY Schedule parse_schedule(std::string_view text, const std::string& b
     }
     else if (item != "none")
       user_error("schedule '" + std::string(text) + "': unknown tactic '" + std::string(item) +
-                 "' (expected none, bp, mp, z2, z3, emb, mq, ep, sp, pp, pp:gpipe, auto:<axis>)");
+                 "' (expected none, bp, mp, z2, z3, emb, mq, ep, sp, pp, pp:gpipe, pp:interleaved:<v>, pp:zb1, pp:zbv, "
+                 "auto:<axis>)");
     start = end + 1;
   }
   return out;

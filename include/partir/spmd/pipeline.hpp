@@ -4,12 +4,14 @@
 // that reads it; a value read on another stage than its own is sent there once, right after it is made, and
 // received right before its first use there (a send/recv pair with one tag); a plain output (the loss) is sent
 // to every stage, so every device returns it. Each stage's ops are then ordered by the schedule: its tasks
-// (microbatch m's forward or backward pass, then the update) in GPipe or 1F1B order, each task's ops in
-// program order. The stages' sequences are interleaved into one program by running them as the devices will
+// (microbatch m's forward or backward pass through one of its chunks, the backward split into B and W where
+// the schedule says so, then the update) in the schedule's order, each task's ops in program order. The B/W
+// split comes from the graph, by data dependence: nothing is written per layer. The stages' sequences are interleaved into one program by running them as the devices will
 // (sends never wait, a recv waits for its send): if that stalls, the stages wait on each other in a cycle and
 // the plan is refused.
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "partir/config.hpp"
@@ -23,50 +25,156 @@ namespace partir {
 PARTIR_ENTRY SpmdProgram cut_into_stages(SpmdProgram lowered, const std::vector<ValueId>& source, const Program& prog,
                                          const PipelineStages& stages);
 
-#if PARTIR_DEFINE_ENTRIES
-namespace detail {
-
+// A stage's unit of work: microbatch j's forward pass through one virtual stage, its backward pass (where the
+// schedule splits it, B alone: what the input gradient needs), its weight gradients (W), or the update.
 struct StageTask {
-  Segment::Pass pass = Segment::Pass::forward;
+  enum class Phase : std::uint8_t { forward, backward, weight, update };
+  int chunk = 0;  // the virtual stage
+  Phase phase = Phase::forward;
   int microbatch = 0;
   friend auto operator<=>(const StageTask&, const StageTask&) = default;
 };
 
-// The order stage s of p runs its tasks in, for M microbatches.
-inline std::vector<StageTask> stage_tasks(PipelineSchedule schedule, int s, int p, int m) {
-  using P = Segment::Pass;
-  std::vector<StageTask> out;
-  if (schedule == PipelineSchedule::gpipe) {
-    for (int j = 0; j < m; ++j) out.push_back({P::forward, j});
-    for (int j = 0; j < m; ++j) out.push_back({P::backward, j});
+// Each device's tasks in the order it runs them, for p devices and m microbatches. GPipe, 1F1B and
+// Megatron-LM's interleaved 1F1B by their definitions; the zero-bubble schedules by list scheduling their task
+// graph in unit time steps (F, B and W one unit each): a free device runs, of the tasks whose inputs are
+// ready, a B first (it unblocks the stages before), else an F while within its memory limits, else a W: so W
+// fills the bubbles. Memory counts a microbatch's activations as 2 halves, one freed by its B and one by its W
+// (which still reads the layer inputs); zb1 keeps 1F1B's shape, at most p - s microbatches past F and not yet
+// through B on stage s, and 1F1B's peak, 2p halves (stage 0's p microbatches); zbv's chunks are half a stage,
+// so 4p halves of a chunk. Ties go to the earlier microbatch, then the later chunk. Should every device wait
+// with none running, the limits rise by one: the order never deadlocks.
+PARTIR_ENTRY std::vector<std::vector<StageTask>> pipeline_tasks(const PipelineSchedule& schedule, int p, int m);
+
+// The task of each global value: the segment it lies in (a program without segments is one forward pass) on
+// its virtual stage. Where the schedule splits the backward pass, a backward value is B if a backward value of
+// another virtual stage (the input gradient sent on) depends on it within its microbatch, else W.
+PARTIR_ENTRY std::vector<StageTask> value_tasks(const Program& prog, const PipelineStages& st);
+
+#if PARTIR_DEFINE_ENTRIES
+
+PARTIR_ENTRY std::vector<std::vector<StageTask>> pipeline_tasks(const PipelineSchedule& schedule, int p, int m) {
+  using P = StageTask::Phase;
+  std::vector<std::vector<StageTask>> out(static_cast<std::size_t>(p));
+  const int v = schedule.chunks, stages = p * v;
+  if (schedule.order == PipelineSchedule::Order::gpipe) {
+    for (int s = 0; s < p; ++s) {
+      for (int j = 0; j < m; ++j) out[static_cast<std::size_t>(s)].push_back({s, P::forward, j});
+      for (int j = 0; j < m; ++j) out[static_cast<std::size_t>(s)].push_back({s, P::backward, j});
+    }
+  } else if (!schedule.splits_backward()) {
+    // Megatron-LM's order (1F1B when v is 1): virtual microbatch k is chunk (k mod pv) / p of microbatch
+    // (k / pv) p + k mod p, forward chunks ascending and backward chunks descending; stage s warms up with
+    // 2 (p - s - 1) + (v - 1) p of them, then alternates one forward and one backward.
+    const int total = m * v;
+    auto microbatch = [&](int k) { return k / (p * v) * p + k % p; };
+    for (int s = 0; s < p; ++s) {
+      auto& tasks = out[static_cast<std::size_t>(s)];
+      auto forward = [&](int k) { tasks.push_back({(k % (p * v)) / p * p + s, P::forward, v == 1 ? k : microbatch(k)}); };
+      auto backward = [&](int k) { tasks.push_back({(v - 1 - (k % (p * v)) / p) * p + s, P::backward, v == 1 ? k : microbatch(k)}); };
+      const int warmup = std::min(total, v == 1 ? p - 1 - s : 2 * (p - s - 1) + (v - 1) * p);
+      for (int k = 0; k < warmup; ++k) forward(k);
+      for (int k = 0; k < total; ++k) {
+        if (warmup + k < total) forward(warmup + k);
+        backward(k);
+      }
+    }
   } else {
-    const int warmup = std::min(m, p - 1 - s);
-    for (int j = 0; j < warmup; ++j) out.push_back({P::forward, j});
-    for (int j = 0; j < m; ++j) {
-      if (warmup + j < m) out.push_back({P::forward, warmup + j});
-      out.push_back({P::backward, j});
+    const auto V = static_cast<std::size_t>(stages);
+    // When each task ends (-1: not run yet), and how far each chunk has got with each kind of task.
+    std::vector<std::vector<long>> forward_end(V, std::vector<long>(static_cast<std::size_t>(m), -1)), backward_end = forward_end;
+    std::vector<int> next_f(V, 0), next_b(V, 0), next_w(V, 0);
+    std::vector<long> free_at(static_cast<std::size_t>(p), 0);
+    std::vector<int> before_b(static_cast<std::size_t>(p), 0), held(before_b), limit_b(before_b), limit_w(before_b);
+    std::vector<std::vector<int>> chunks_of(static_cast<std::size_t>(p));
+    for (int c = stages; c-- > 0;) chunks_of[static_cast<std::size_t>(schedule.device_of(c, p))].push_back(c);  // later first
+    for (int d = 0; d < p; ++d) {
+      limit_b[static_cast<std::size_t>(d)] = v == 1 ? p - d : 2 * p;
+      limit_w[static_cast<std::size_t>(d)] = 2 * v * p;
+    }
+    long remaining = static_cast<long>(stages) * m * 3;
+    auto done = [](long end, long t) { return end >= 0 && end <= t; };
+    for (long t = 0; remaining > 0; ++t) {
+      bool started = false, running = false;
+      for (int d = 0; d < p; ++d) {
+        const auto dd = static_cast<std::size_t>(d);
+        if (free_at[dd] > t) {
+          running = true;
+          continue;
+        }
+        StageTask best{-1, P::update, m};
+        for (P phase : {P::backward, P::forward, P::weight}) {
+          for (int c : chunks_of[dd]) {
+            const auto cc = static_cast<std::size_t>(c);
+            std::optional<int> j;
+            if (phase == P::backward && next_b[cc] < m && done(forward_end[cc][static_cast<std::size_t>(next_b[cc])], t) &&
+                (c == stages - 1 || done(backward_end[cc + 1][static_cast<std::size_t>(next_b[cc])], t)))
+              j = next_b[cc];
+            if (phase == P::forward && next_f[cc] < m && before_b[dd] < limit_b[dd] && held[dd] + 2 <= limit_w[dd] &&
+                (c == 0 || done(forward_end[cc - 1][static_cast<std::size_t>(next_f[cc])], t)))
+              j = next_f[cc];
+            if (phase == P::weight && next_w[cc] < next_b[cc] && done(backward_end[cc][static_cast<std::size_t>(next_w[cc])], t))
+              j = next_w[cc];
+            if (j && (best.chunk < 0 || *j < best.microbatch)) best = {c, phase, *j};
+          }
+          if (best.chunk >= 0) break;
+        }
+        if (best.chunk < 0) continue;
+        const auto cc = static_cast<std::size_t>(best.chunk);
+        if (best.phase == P::forward) forward_end[cc][static_cast<std::size_t>(next_f[cc]++)] = t + 1, ++before_b[dd], held[dd] += 2;
+        if (best.phase == P::backward) backward_end[cc][static_cast<std::size_t>(next_b[cc]++)] = t + 1, --before_b[dd], --held[dd];
+        if (best.phase == P::weight) ++next_w[cc], --held[dd];
+        free_at[dd] = t + 1;
+        out[dd].push_back(best);
+        --remaining;
+        started = true;
+      }
+      if (!started && !running)
+        for (int d = 0; d < p; ++d) ++limit_b[static_cast<std::size_t>(d)], ++limit_w[static_cast<std::size_t>(d)];
     }
   }
-  out.push_back({P::update, 0});
+  for (auto& tasks : out) tasks.push_back({0, P::update, 0});
   return out;
 }
 
-// The task of each global value: the segment it lies in (a program without segments is one forward pass).
-inline std::vector<StageTask> tasks_of(const Program& prog) {
-  std::vector<StageTask> out(static_cast<std::size_t>(prog.size()));
+PARTIR_ENTRY std::vector<StageTask> value_tasks(const Program& prog, const PipelineStages& st) {
+  using P = StageTask::Phase;
+  const auto n = static_cast<std::size_t>(prog.size());
+  std::vector<StageTask> out(n);
   auto seg = prog.segments().begin();
   StageTask current;
   for (ValueId v = 0; v < prog.size(); ++v) {
-    for (; seg != prog.segments().end() && seg->begin <= v; ++seg) current = {seg->pass, seg->microbatch};
+    for (; seg != prog.segments().end() && seg->begin <= v; ++seg)
+      current = {0, seg->pass == Segment::Pass::forward ? P::forward : seg->pass == Segment::Pass::backward ? P::backward : P::update,
+                 seg->pass == Segment::Pass::update ? 0 : seg->microbatch};
     out[static_cast<std::size_t>(v)] = current;
+    if (current.phase != P::update) out[static_cast<std::size_t>(v)].chunk = st.chunk[static_cast<std::size_t>(v)];
+  }
+  if (!st.schedule.splits_backward()) return out;
+  std::vector<std::vector<ValueId>> users(n);
+  for (ValueId v = 0; v < prog.size(); ++v)
+    for (ValueId o : prog.op(v).operands) users[static_cast<std::size_t>(o)].push_back(v);
+  std::vector<char> input_gradient(n, 0);
+  for (auto v = n; v-- > 0;) {
+    const StageTask t = out[v];
+    if (t.phase != P::backward || t.chunk < 0) continue;
+    for (ValueId u : users[v]) {
+      const auto uu = static_cast<std::size_t>(u);
+      const bool backward = out[uu].phase == P::backward || out[uu].phase == P::weight;
+      if (!backward || out[uu].microbatch != t.microbatch || out[uu].chunk < 0) continue;
+      input_gradient[v] |= out[uu].chunk != t.chunk || input_gradient[uu];
+    }
+    if (!input_gradient[v]) out[v].phase = P::weight;
   }
   return out;
 }
+
+namespace detail {
 
 class StageCutter {
  public:
   StageCutter(SpmdProgram lowered, const std::vector<ValueId>& source, const Program& prog, const PipelineStages& st)
-      : in_(std::move(lowered)), source_(source), prog_(prog), st_(st), tasks_(tasks_of(prog)),
+      : in_(std::move(lowered)), source_(source), prog_(prog), st_(st), tasks_(value_tasks(prog, st)),
         stage_(in_.size()), needs_(static_cast<std::size_t>(in_.size())),
         local_(static_cast<std::size_t>(st.stages), std::vector<int>(static_cast<std::size_t>(in_.size()), -1)),
         order_(static_cast<std::size_t>(st.stages)) {
@@ -75,6 +183,7 @@ class StageCutter {
     for (const auto& b : in_.outputs())
       if (stage_[static_cast<std::size_t>(b.value)] < 0 && !is_input(b.value)) stage_[static_cast<std::size_t>(b.value)] = 0;
     for (const auto& s : prog.segments()) microbatches_ = std::max(microbatches_, s.microbatch + 1);
+    order_of_tasks_ = pipeline_tasks(st_.schedule, st_.stages, microbatches_);
   }
 
   SpmdProgram run() {
@@ -205,7 +314,7 @@ class StageCutter {
     std::map<StageTask, std::vector<ValueId>> by_task;
     for (ValueId v = 0; v < in_.size(); ++v)
       if (stage(v) == s && !is_input(v)) by_task[task(v)].push_back(v);
-    for (const auto& t : stage_tasks(st_.schedule, s, st_.stages, microbatches_)) {
+    for (const auto& t : order_of_tasks_[static_cast<std::size_t>(s)]) {
       auto it = by_task.find(t);
       if (it == by_task.end()) continue;
       for (ValueId v : it->second) on(s, v);
@@ -276,6 +385,7 @@ class StageCutter {
   std::map<ValueId, int> inputs_;
   std::map<std::pair<ValueId, int>, int> sends_;
   int microbatches_ = 1;
+  std::vector<std::vector<StageTask>> order_of_tasks_;  // per stage
 };
 
 }  // namespace detail

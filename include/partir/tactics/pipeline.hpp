@@ -4,14 +4,19 @@
 // (activations forward, their gradients back), and every stage runs the microbatches of a train step
 // (StepOptions::microbatches) in the schedule's order: GPipe runs all forward passes, then all backward
 // passes; 1F1B starts p - 1 - s forward passes on stage s, then alternates one forward and one backward, so
-// at most p - s microbatches' activations are alive on a stage at once. The tactic shards nothing: every
-// other tactic (bp, mp, z2, z3, emb, auto) acts within the stages on the other axes, before or after it.
+// at most p - s microbatches' activations are alive on a stage at once; interleaved, zb1 and zbv are
+// sharding/stages.hpp's. The tactic shards nothing: every other tactic (bp, mp, z2, z3, emb, auto) acts within
+// the stages on the other axes, before or after it.
+//
+// With v chunks per device the model is cut into p * v virtual stages, dealt to the devices as the schedule
+// places them; the rules below assign virtual stages, and "stage" there means virtual stage.
 //
 // Which stage computes a value (the rules lowering follows; values with no stage of their own, such as data,
 // constants and what only they make, are computed on every stage that uses them):
 //  - a parameter: the stage whose selectors match it, or with no selectors the layers split evenly:
 //    .../layers/<i>/... goes to stage i * p / L, parameters declared before the first layer to stage 0 and
-//    after the last to stage p - 1 (an embedding first, the final norm last);
+//    after the last to stage p - 1 (an embedding first, the final norm last); with chunks, to equal chunks
+//    (as Megatron-LM requires), so that the schedule's round-robin stays balanced;
 //  - a forward value: the latest stage among its operands' (a pipeline only moves forward);
 //  - a value of the backward pass (the VJP of forward value f): f's stage, where f's operands are;
 //  - a value computed from gradients (accumulation, clipping, the update): the stage holding most of its
@@ -32,7 +37,7 @@ struct Pipeline {
   std::vector<std::vector<std::string>> stages = {};  // parameter selectors per stage; empty: layers split evenly
 
   std::string name() const {
-    return "pp(" + axis + (schedule == PipelineSchedule::gpipe ? ", gpipe" : "") + ")";
+    return "pp(" + axis + (schedule == PipelineSchedule::one_f_one_b ? "" : ", " + name_of(schedule)) + ")";
   }
 
   void apply(PartitionState& s) const;
@@ -55,7 +60,11 @@ struct Pipeline {
     return error == std::errc{} && end != first ? i : -1;
   }
 
+  // Each parameter's virtual stage, of p * chunks.
   void assign_parameters(const Program& prog, int p, const std::string& who, std::vector<int>& stage) const {
+    const int devices = p;
+    p *= schedule.chunks;
+    const std::string what = schedule.chunks == 1 ? "stage" : "virtual stage";
     std::vector<ValueId> params;
     for (ValueId v : prog.inputs())
       if (prog.op(v).attrs.input_kind == InputKind::parameter) params.push_back(v);
@@ -67,9 +76,14 @@ struct Pipeline {
         user_error(who + ": no parameter of '" + prog.name() +
                    "' is named .../layers/<i>/... to split evenly; give each stage its parameter selectors");
       if (layers < p)
-        user_error(who + ": " + std::to_string(p) + " stages on '" + axis + "' but '" + prog.name() + "' has " +
-                   std::to_string(layers) + " layers: stage " + std::to_string(layers) +
-                   " would have no ops (use at most as many stages as layers)");
+        user_error(who + ": " + std::to_string(p) + " " + what + "s on '" + axis + "' but '" + prog.name() + "' has " +
+                   std::to_string(layers) + " layers: " + what + " " + std::to_string(layers) +
+                   " would have no ops (use at most as many " + what + "s as layers)");
+      if (schedule.chunks > 1 && layers % p != 0)
+        user_error(who + ": '" + prog.name() + "' has " + std::to_string(layers) + " layers, which do not split into " +
+                   std::to_string(devices) + " stages x " + std::to_string(schedule.chunks) +
+                   " chunks of equal size (a chunked schedule deals equal chunks round the devices; use a chunk count "
+                   "that divides the layers per stage)");
       bool seen_layer = false;
       for (ValueId v : params) {
         const int layer = layer_of(prog.op(v).name);
@@ -79,7 +93,10 @@ struct Pipeline {
     } else {
       if (static_cast<int>(stages.size()) != p)
         user_error(who + ": " + std::to_string(stages.size()) + " stages' selectors for axis '" + axis + "' of size " +
-                   std::to_string(p) + " (one list per stage)");
+                   std::to_string(devices) +
+                   (schedule.chunks == 1 ? std::string(" (one list per stage)")
+                                         : " with " + std::to_string(schedule.chunks) + " chunks each (one list per virtual stage: " +
+                                               std::to_string(p) + ")"));
       const NameIndex names(prog);
       for (int k = 0; k < p; ++k)
         for (const auto& selector : stages[static_cast<std::size_t>(k)]) {
@@ -102,7 +119,7 @@ struct Pipeline {
     for (ValueId v : params) ++count[static_cast<std::size_t>(stage[static_cast<std::size_t>(v)])];
     for (int k = 0; k < p; ++k)
       if (count[static_cast<std::size_t>(k)] == 0)
-        user_error(who + ": stage " + std::to_string(k) + " of '" + axis + "' holds no parameter, so it would have no ops");
+        user_error(who + ": " + what + " " + std::to_string(k) + " of '" + axis + "' holds no parameter, so it would have no ops");
   }
 
   // "The latest stage among its operands'" cuts a block after its first parameter-free ops (a layer norm's
@@ -250,10 +267,22 @@ PARTIR_ENTRY void Pipeline::apply(PartitionState& s) const {
     if (shardings[static_cast<std::size_t>(v)].uses(axis))
       user_error(who + ": axis '" + axis + "' already partitions " + prog.label(v) + " (" + owner(s, v, a) +
                  "); a pipeline axis carries stages, not tiles");
+  const int v = schedule.chunks;
+  if (v < 1 || (schedule.order == PipelineSchedule::Order::gpipe && v > 1) || (schedule.v_shape && v != 2))
+    user_error(who + ": schedule " + name_of(schedule) + " is not one partir runs (gpipe and zb1 hold one chunk per "
+               "device, interleaved:v at least one, zbv two)");
+  int microbatches = 1;
+  for (const auto& seg : prog.segments()) microbatches = std::max(microbatches, seg.microbatch + 1);
+  if (v > 1 && !schedule.v_shape && microbatches % p != 0)
+    user_error(who + ": " + std::to_string(microbatches) + " microbatches, which " + std::to_string(p) +
+               " stages do not divide (the interleaved schedule runs each chunk on p microbatches at a time, as "
+               "Megatron-LM's; use a multiple of " + std::to_string(p) + ")");
   PipelineStages out{axis, p, schedule, static_cast<int>(s.tactics().size()) - 1, who,
-                     std::vector<int>(static_cast<std::size_t>(prog.size()), -1)};
+                     std::vector<int>(static_cast<std::size_t>(prog.size()), -1), {}};
   assign_parameters(prog, p, who, out.stage);
   assign_values(prog, out.stage);
+  out.chunk = out.stage;
+  for (int& k : out.stage) k = k < 0 ? -1 : schedule.device_of(k, p);
   s.set_pipeline(std::move(out));
 }
 #endif
