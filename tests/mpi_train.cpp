@@ -7,6 +7,8 @@
 // "remat", the backward pass recomputes the second layer (between the MLP's marks h1 and h2); with "accum",
 // the batch runs as 2 microbatches (gradient accumulation); with "pp", also in 2 pipeline stages (1F1B) on the
 // mesh's axis "stage", layers 1-2 on stage 0 and 3 on stage 1 (each device checks the outputs of its stage);
+// with "pp:zb1", "pp:zbv" or "pp:interleaved:2" the same in that schedule, a 4-layer MLP in 4 microbatches
+// (chunked schedules: one layer per virtual stage);
 // with "bucket" (and "pp"), small all_reduces and reduce_scatters fused into buckets of at most 1 KiB.
 // usage: mpi_train MESH SCHEDULE [PRECISION [RECIPE]]
 #include <partir/partir.hpp>
@@ -26,14 +28,21 @@ int main(int argc, char** argv) {
   try {
     const p::MixedPrecision precision = p::MixedPrecision::parse(argc >= 4 ? argv[3] : "f32");
     const std::string variant = argc == 5 ? argv[4] : "";
-    const bool recipe = variant == "recipe", remat = variant == "remat", pp = variant == "pp", accum = variant == "accum" || pp,
-               bucket = variant == "bucket" || pp;
+    const bool recipe = variant == "recipe", remat = variant == "remat", pp = variant.starts_with("pp"),
+               accum = variant == "accum" || pp, bucket = variant == "bucket" || pp;
+    const p::PipelineSchedule pp_schedule = variant == "pp:zb1"             ? p::PipelineSchedule::zb1
+                                            : variant == "pp:zbv"           ? p::PipelineSchedule::zbv
+                                            : variant == "pp:interleaved:2" ? p::PipelineSchedule::interleaved(2)
+                                                                            : p::PipelineSchedule::one_f_one_b;
+    if (pp && variant != "pp" && pp_schedule == p::PipelineSchedule::one_f_one_b)
+      throw p::UserError("RECIPE: unknown pipeline schedule '" + variant + "' (pp, pp:zb1, pp:zbv, pp:interleaved:2)");
+    const bool chunked = pp_schedule.chunks > 1, split = pp_schedule != p::PipelineSchedule::one_f_one_b;
     if (argc == 5 && !recipe && !remat && !accum && !bucket)
       throw p::UserError("RECIPE: expected 'recipe', 'remat', 'accum', 'bucket' or 'pp', got '" + variant + "'");
     const double tolerance = precision.compute == p::DType::f32 ? 1e-5 : 3e-2;
     // Under "pp" the activation crossing the stages is 16 KiB per microbatch, past MPI's eager limit: sent in
     // place (SendsInPlace), its buffer must not be reused before the peer has it.
-    p::nn::Mlp model{"params/mlp", {8, 32, pp ? 512 : 16, 8}};
+    p::nn::Mlp model{"params/mlp", split ? std::vector<std::int64_t>{8, 32, 512, 16, 8} : std::vector<std::int64_t>{8, 32, pp ? 512 : 16, 8}};
     auto loss = [&](p::Tensor x, p::Tensor y) { return p::mse(model(x), y); };
     const std::vector<p::InputSpec> data{{"x", {16, 8}}, {"y", {16, 8}}};
     const p::Program step = [&] {
@@ -44,15 +53,18 @@ int main(int argc, char** argv) {
                            p::StepOptions{.precision = precision,
                                           .remat = remat ? p::Remat{"layer 2", {{{"params/mlp/h1"}, {"params/mlp/h2"}}}}
                                                          : p::Remat::none(),
-                                          .microbatches = accum ? 2 : 1});
+                                          .microbatches = split ? 4 : accum ? 2 : 1});
     }();
     if (remat && step.recomputes().empty()) throw p::UserError("remat: nothing is recomputed");
     const p::LRSchedule schedule = p::LRSchedule::warmup(2).then_cosine(2);
     auto lr_scale = [&](int s) { return p::Array({}, std::vector<double>{schedule.at(s)}); };
     p::Schedule tactics = p::parse_schedule(argv[2]);
     if (pp)
-      tactics.insert(tactics.begin(), p::pipeline("stage", p::PipelineSchedule::one_f_one_b,
-                                                    {{"params/mlp/*1", "params/mlp/*2"}, {"params/mlp/*3"}}));
+      tactics.insert(tactics.begin(),
+                     p::pipeline("stage", pp_schedule,
+                                 chunked ? std::vector<std::vector<std::string>>{{"params/mlp/*1"}, {"params/mlp/*2"}, {"params/mlp/*3"}, {"params/mlp/*4"}}
+                                 : split ? std::vector<std::vector<std::string>>{{"params/mlp/*1", "params/mlp/*2"}, {"params/mlp/*3", "params/mlp/*4"}}
+                                         : std::vector<std::vector<std::string>>{{"params/mlp/*1", "params/mlp/*2"}, {"params/mlp/*3"}}));
     // Buckets of at most 1 KiB: several per step on this small MLP.
     const p::SpmdProgram spmd = p::lower(p::partition(step, p::Mesh::parse(argv[1]), tactics), {.bucket_bytes = bucket ? 1024 : 0});
     if (bucket && !pp) {  // a plan without a bucket would test nothing new
