@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""gpt_train pipelined: on the threads backend and under mpirun (4 ranks: stage=2,batch=2, 1F1B, 4 microbatches),
-its losses are those of one device accumulating the same 4 microbatches (relative 1e-3), and a checkpoint saved
-by the pipelined run resumes on one device.
+"""gpt_train pipelined: on the threads backend (GPipe, 1F1B, zb1, interleaved:2) and under mpirun (4 ranks:
+stage=2,batch=2, 1F1B and zbv, 4 microbatches), its losses are those of one device accumulating the same 4
+microbatches (relative 1e-3), and a checkpoint saved by the pipelined run resumes on one device.
 usage: pipeline_example.py GPT_TRAIN WORKDIR [MPIRUN]"""
 import re
 import shutil
@@ -11,7 +11,7 @@ import sys
 exe, work = sys.argv[1], sys.argv[2]
 mpirun = sys.argv[3] if len(sys.argv) > 3 else None
 shutil.rmtree(work, ignore_errors=True)
-model = ["--layers", "2", "--dmodel", "32", "--seq", "32", "--batch", "8", "--microbatches", "4", "--eval-every", "3"]
+model = ["--layers", "4", "--dmodel", "32", "--seq", "32", "--batch", "8", "--microbatches", "4", "--eval-every", "3"]
 
 
 def losses(*args, launcher=()):
@@ -31,7 +31,8 @@ def same(a, b, what):
 
 
 single = losses("--steps", "6", "--log-every", "1")
-same(losses("--steps", "6", "--log-every", "1", "--mesh", "stage=2", "--schedule", "pp:gpipe"), single, "gpipe stage=2 threads")
+for schedule in ["pp:gpipe", "pp:zb1", "pp:interleaved:2"]:
+    same(losses("--steps", "6", "--log-every", "1", "--mesh", "stage=2", "--schedule", schedule), single, schedule + " stage=2 threads")
 same(losses("--steps", "6", "--log-every", "1", "--mesh", "stage=2,batch=2", "--schedule", "pp,bp", "--checkpoint", work),
      single, "1f1b stage=2,batch=2 threads")
 resumed = losses("--steps", "8", "--log-every", "1", "--checkpoint", work, "--resume")
@@ -41,5 +42,8 @@ if mpirun:
     mpi = losses("--steps", "6", "--log-every", "1", "--backend", "mpi", "--mesh", "stage=2,batch=2", "--schedule", "pp,bp",
                  launcher=(mpirun, "--oversubscribe", "-np", "4"))
     same(mpi, single, "1f1b stage=2,batch=2 under mpirun")
+    zbv = losses("--steps", "6", "--log-every", "1", "--backend", "mpi", "--mesh", "stage=2,batch=2", "--schedule", "pp:zbv,bp",
+                 launcher=(mpirun, "--oversubscribe", "-np", "4"))
+    same(zbv, single, "zbv stage=2,batch=2 under mpirun")
 shutil.rmtree(work, ignore_errors=True)
 print("ok: pipelined losses match one device's", single)

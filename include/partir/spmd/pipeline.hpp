@@ -16,6 +16,7 @@
 
 #include "partir/config.hpp"
 #include "partir/ir/program.hpp"
+#include "partir/spmd/op_work.hpp"
 #include "partir/spmd/spmd_program.hpp"
 
 namespace partir {
@@ -37,14 +38,20 @@ struct StageTask {
 
 // Each device's tasks in the order it runs them, for p devices and m microbatches. GPipe, 1F1B and
 // Megatron-LM's interleaved 1F1B by their definitions; the zero-bubble schedules by list scheduling their task
-// graph in unit time steps (F, B and W one unit each): a free device runs, of the tasks whose inputs are
-// ready, a B first (it unblocks the stages before), else an F while within its memory limits, else a W: so W
-// fills the bubbles. Memory counts a microbatch's activations as 2 halves, one freed by its B and one by its W
-// (which still reads the layer inputs); zb1 keeps 1F1B's shape, at most p - s microbatches past F and not yet
-// through B on stage s, and 1F1B's peak, 2p halves (stage 0's p microbatches); zbv's chunks are half a stage,
-// so 4p halves of a chunk. Ties go to the earlier microbatch, then the later chunk. Should every device wait
-// with none running, the limits rise by one: the order never deadlocks.
-PARTIR_ENTRY std::vector<std::vector<StageTask>> pipeline_tasks(const PipelineSchedule& schedule, int p, int m);
+// graph over each virtual stage's task costs (unit costs where none are given): the device that is free first
+// runs, of the tasks whose inputs are ready, a B first (it unblocks the stages before), else an F while within
+// its memory limits, else a W that would not delay a B whose inputs are on their way: so W fills the bubbles.
+// Memory counts a microbatch's activations as 2 halves,
+// one freed by its B and one by its W (which still reads the layer inputs); zb1 keeps 1F1B's shape, at most
+// p - s microbatches past F and not yet through B on stage s, and 1F1B's peak, 2p halves (stage 0's p
+// microbatches); zbv's chunks are half a stage, so 2p chunks past F and 4p halves. Ties go to the earlier
+// microbatch, then the later chunk. Should every device wait with none running, the limits rise by one: the
+// order never deadlocks.
+struct TaskCosts {
+  double forward = 1, backward = 1, weight = 1;  // a microbatch's F, B and W on one virtual stage
+};
+PARTIR_ENTRY std::vector<std::vector<StageTask>> pipeline_tasks(const PipelineSchedule& schedule, int p, int m,
+                                                                const std::vector<TaskCosts>& costs = {});
 
 // The task of each global value: the segment it lies in (a program without segments is one forward pass) on
 // its virtual stage. Where the schedule splits the backward pass, a backward value is B if a backward value of
@@ -53,7 +60,8 @@ PARTIR_ENTRY std::vector<StageTask> value_tasks(const Program& prog, const Pipel
 
 #if PARTIR_DEFINE_ENTRIES
 
-PARTIR_ENTRY std::vector<std::vector<StageTask>> pipeline_tasks(const PipelineSchedule& schedule, int p, int m) {
+PARTIR_ENTRY std::vector<std::vector<StageTask>> pipeline_tasks(const PipelineSchedule& schedule, int p, int m,
+                                                                const std::vector<TaskCosts>& costs) {
   using P = StageTask::Phase;
   std::vector<std::vector<StageTask>> out(static_cast<std::size_t>(p));
   const int v = schedule.chunks, stages = p * v;
@@ -81,10 +89,17 @@ PARTIR_ENTRY std::vector<std::vector<StageTask>> pipeline_tasks(const PipelineSc
     }
   } else {
     const auto V = static_cast<std::size_t>(stages);
+    if (!costs.empty() && costs.size() != V)
+      internal_error("pipeline_tasks: " + std::to_string(costs.size()) + " task costs for " + std::to_string(stages) + " virtual stages");
+    auto cost = [&](int c, P phase) {
+      if (costs.empty()) return 1.0;
+      const TaskCosts& k = costs[static_cast<std::size_t>(c)];
+      return std::max(1e-12, phase == P::forward ? k.forward : phase == P::backward ? k.backward : k.weight);
+    };
     // When each task ends (-1: not run yet), and how far each chunk has got with each kind of task.
-    std::vector<std::vector<long>> forward_end(V, std::vector<long>(static_cast<std::size_t>(m), -1)), backward_end = forward_end;
+    std::vector<std::vector<double>> forward_end(V, std::vector<double>(static_cast<std::size_t>(m), -1)), backward_end = forward_end;
     std::vector<int> next_f(V, 0), next_b(V, 0), next_w(V, 0);
-    std::vector<long> free_at(static_cast<std::size_t>(p), 0);
+    std::vector<double> free_at(static_cast<std::size_t>(p), 0);
     std::vector<int> before_b(static_cast<std::size_t>(p), 0), held(before_b), limit_b(before_b), limit_w(before_b);
     std::vector<std::vector<int>> chunks_of(static_cast<std::size_t>(p));
     for (int c = stages; c-- > 0;) chunks_of[static_cast<std::size_t>(schedule.device_of(c, p))].push_back(c);  // later first
@@ -92,45 +107,76 @@ PARTIR_ENTRY std::vector<std::vector<StageTask>> pipeline_tasks(const PipelineSc
       limit_b[static_cast<std::size_t>(d)] = v == 1 ? p - d : 2 * p;
       limit_w[static_cast<std::size_t>(d)] = 2 * v * p;
     }
-    long remaining = static_cast<long>(stages) * m * 3;
-    auto done = [](long end, long t) { return end >= 0 && end <= t; };
-    for (long t = 0; remaining > 0; ++t) {
-      bool started = false, running = false;
-      for (int d = 0; d < p; ++d) {
-        const auto dd = static_cast<std::size_t>(d);
-        if (free_at[dd] > t) {
-          running = true;
+    std::vector<int> left(static_cast<std::size_t>(p), 0);  // tasks each device has still to run
+    for (int c = 0; c < stages; ++c) left[static_cast<std::size_t>(schedule.device_of(c, p))] += 3 * m;
+    std::set<double> ends;  // every task's end, for the times a waiting device looks again
+    auto done = [](double end, double t) { return end >= 0 && end <= t; };
+    std::vector<char> waiting(static_cast<std::size_t>(p), 0);  // for a task another device has yet to decide
+    // The device that is free first (of those with tasks left) decides next: no task that could make one of
+    // its candidates ready by then is still undecided.
+    for (;;) {
+      int d = -1;
+      bool any_left = false;
+      for (int k = 0; k < p; ++k) {
+        const auto kk = static_cast<std::size_t>(k);
+        any_left |= left[kk] > 0;
+        if (left[kk] > 0 && !waiting[kk] && (d < 0 || free_at[kk] < free_at[static_cast<std::size_t>(d)])) d = k;
+      }
+      if (!any_left) break;
+      if (d < 0) {  // every device waits, with nothing running: relax the limits
+        for (int k = 0; k < p; ++k) ++limit_b[static_cast<std::size_t>(k)], ++limit_w[static_cast<std::size_t>(k)];
+        std::fill(waiting.begin(), waiting.end(), 0);
+        continue;
+      }
+      const auto dd = static_cast<std::size_t>(d);
+      const double t = free_at[dd];
+      StageTask best{-1, P::update, m};
+      for (P phase : {P::backward, P::forward, P::weight}) {
+        for (int c : chunks_of[dd]) {
+          const auto cc = static_cast<std::size_t>(c);
+          std::optional<int> j;
+          if (phase == P::backward && next_b[cc] < m && done(forward_end[cc][static_cast<std::size_t>(next_b[cc])], t) &&
+              (c == stages - 1 || done(backward_end[cc + 1][static_cast<std::size_t>(next_b[cc])], t)))
+            j = next_b[cc];
+          if (phase == P::forward && next_f[cc] < m && before_b[dd] < limit_b[dd] && held[dd] + 2 <= limit_w[dd] &&
+              (c == 0 || done(forward_end[cc - 1][static_cast<std::size_t>(next_f[cc])], t)))
+            j = next_f[cc];
+          if (phase == P::weight && next_w[cc] < next_b[cc] && done(backward_end[cc][static_cast<std::size_t>(next_w[cc])], t))
+            j = next_w[cc];
+          if (j && (best.chunk < 0 || *j < best.microbatch)) best = {c, phase, *j};
+        }
+        if (best.chunk >= 0) break;
+      }
+      // A W (the filler) must not delay a B already on its way: wait for that B instead.
+      if (best.phase == P::weight) {
+        double b_ready = -1;
+        for (int c : chunks_of[dd]) {
+          const auto cc = static_cast<std::size_t>(c);
+          if (next_b[cc] >= m) continue;
+          const double f = forward_end[cc][static_cast<std::size_t>(next_b[cc])];
+          const double after = c == stages - 1 ? 0 : backward_end[cc + 1][static_cast<std::size_t>(next_b[cc])];
+          if (f >= 0 && after >= 0 && (b_ready < 0 || std::max(f, after) < b_ready)) b_ready = std::max(f, after);
+        }
+        if (b_ready >= 0 && b_ready < t + cost(best.chunk, best.phase)) {
+          free_at[dd] = b_ready;
           continue;
         }
-        StageTask best{-1, P::update, m};
-        for (P phase : {P::backward, P::forward, P::weight}) {
-          for (int c : chunks_of[dd]) {
-            const auto cc = static_cast<std::size_t>(c);
-            std::optional<int> j;
-            if (phase == P::backward && next_b[cc] < m && done(forward_end[cc][static_cast<std::size_t>(next_b[cc])], t) &&
-                (c == stages - 1 || done(backward_end[cc + 1][static_cast<std::size_t>(next_b[cc])], t)))
-              j = next_b[cc];
-            if (phase == P::forward && next_f[cc] < m && before_b[dd] < limit_b[dd] && held[dd] + 2 <= limit_w[dd] &&
-                (c == 0 || done(forward_end[cc - 1][static_cast<std::size_t>(next_f[cc])], t)))
-              j = next_f[cc];
-            if (phase == P::weight && next_w[cc] < next_b[cc] && done(backward_end[cc][static_cast<std::size_t>(next_w[cc])], t))
-              j = next_w[cc];
-            if (j && (best.chunk < 0 || *j < best.microbatch)) best = {c, phase, *j};
-          }
-          if (best.chunk >= 0) break;
-        }
-        if (best.chunk < 0) continue;
-        const auto cc = static_cast<std::size_t>(best.chunk);
-        if (best.phase == P::forward) forward_end[cc][static_cast<std::size_t>(next_f[cc]++)] = t + 1, ++before_b[dd], held[dd] += 2;
-        if (best.phase == P::backward) backward_end[cc][static_cast<std::size_t>(next_b[cc]++)] = t + 1, --before_b[dd], --held[dd];
-        if (best.phase == P::weight) ++next_w[cc], --held[dd];
-        free_at[dd] = t + 1;
-        out[dd].push_back(best);
-        --remaining;
-        started = true;
       }
-      if (!started && !running)
-        for (int d = 0; d < p; ++d) ++limit_b[static_cast<std::size_t>(d)], ++limit_w[static_cast<std::size_t>(d)];
+      if (best.chunk < 0) {  // look again when the next task ends, or when another device decides one
+        if (const auto next = ends.upper_bound(t); next != ends.end()) free_at[dd] = *next;
+        else waiting[dd] = 1;
+        continue;
+      }
+      const auto cc = static_cast<std::size_t>(best.chunk);
+      const double end = t + cost(best.chunk, best.phase);
+      if (best.phase == P::forward) forward_end[cc][static_cast<std::size_t>(next_f[cc]++)] = end, ++before_b[dd], held[dd] += 2;
+      if (best.phase == P::backward) backward_end[cc][static_cast<std::size_t>(next_b[cc]++)] = end, --before_b[dd], --held[dd];
+      if (best.phase == P::weight) ++next_w[cc], --held[dd];
+      free_at[dd] = end;
+      ends.insert(end);
+      std::fill(waiting.begin(), waiting.end(), 0);
+      --left[dd];
+      out[dd].push_back(best);
     }
   }
   for (auto& tasks : out) tasks.push_back({0, P::update, 0});
@@ -183,7 +229,8 @@ class StageCutter {
     for (const auto& b : in_.outputs())
       if (stage_[static_cast<std::size_t>(b.value)] < 0 && !is_input(b.value)) stage_[static_cast<std::size_t>(b.value)] = 0;
     for (const auto& s : prog.segments()) microbatches_ = std::max(microbatches_, s.microbatch + 1);
-    order_of_tasks_ = pipeline_tasks(st_.schedule, st_.stages, microbatches_);
+    order_of_tasks_ = pipeline_tasks(st_.schedule, st_.stages, microbatches_,
+                                     st_.schedule.splits_backward() ? task_costs() : std::vector<TaskCosts>{});
   }
 
   SpmdProgram run() {
@@ -198,6 +245,24 @@ class StageCutter {
     int stage = -1;
     ValueId of = -1;  // the lowered value it computes, moves or copies
   };
+
+  // Each virtual stage's F, B and W of microbatch 0: the roofline time of their ops on a nominal machine
+  // (100 GFLOP/s, 10 GB/s, 1 us per op; only the ratios between tasks matter to the order).
+  std::vector<TaskCosts> task_costs() const {
+    std::vector<TaskCosts> costs(static_cast<std::size_t>(st_.stages * st_.schedule.chunks), TaskCosts{0, 0, 0});
+    std::vector<TensorType> operands;
+    for (ValueId v = 0; v < in_.size(); ++v) {
+      const StageTask t = task(v);
+      if (stage(v) < 0 || is_input(v) || t.microbatch != 0 || t.chunk < 0 || t.phase == StageTask::Phase::update) continue;
+      operands.clear();
+      for (ValueId o : in_.op(v).op.operands) operands.push_back(in_.type(o));
+      const Work w = in_.op(v).collective ? Work{0, 2.0 * static_cast<double>(in_.type(v).bytes())} : local_work(in_.op(v).op, operands);
+      const double seconds = 1e-6 + std::max(w.flops / 1e11, w.bytes / 1e10);
+      TaskCosts& c = costs[static_cast<std::size_t>(t.chunk)];
+      (t.phase == StageTask::Phase::forward ? c.forward : t.phase == StageTask::Phase::backward ? c.backward : c.weight) += seconds;
+    }
+    return costs;
+  }
 
   bool is_input(ValueId v) const { return in_.op(v).op.kind == OpKind::input && !in_.op(v).collective; }
   int stage(ValueId v) const { return stage_[static_cast<std::size_t>(v)]; }
