@@ -102,7 +102,15 @@ p::NamedArrays random_state(const p::Program& step) {
   return state;
 }
 
-Run measure_threads(int stages, int m, const p::PipelineSchedule& schedule, int reps) {
+// One step as the devices ran it: its wall time, the bubble averaged over the devices, stage 0's peak.
+struct Step {
+  double ms = 0, bubble = 0;
+  std::int64_t stage_0_peak = 0;
+};
+
+// The median of `reps` steps (after one that warms buffers and primitives up) run by run_step(plan, spmd, state).
+template <class RunStep>
+Run measure(int stages, int m, const p::PipelineSchedule& schedule, int reps, RunStep run_step) {
   const p::Program step = gpt_step(config, m);
   const p::SpmdProgram spmd = pipelined(step, stages, schedule);
   Run r;
@@ -111,21 +119,26 @@ Run measure_threads(int stages, int m, const p::PipelineSchedule& schedule, int 
   const p::NamedArrays state = random_state(step);
   const p::ExecutionPlan plan(spmd);
   std::vector<double> ms, bubbles;
-  for (int i = 0; i <= reps; ++i) {  // the first run warms buffers and primitives up
-    const auto t0 = std::chrono::steady_clock::now();
-    const auto results = p::execute_on_threads(plan, state, {.timeline = true});
+  for (int i = 0; i <= reps; ++i) {
+    const Step s = run_step(plan, spmd, state);
     if (i == 0) continue;
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    double bubble = 0;
-    for (const auto& d : results) bubble += bubble_of(spmd, d);
-    bubbles.push_back(bubble / static_cast<double>(results.size()));
-    r.peak = std::max(r.peak, results[0].peak_bytes);
-    r.activations = std::max(r.activations, results[0].peak_bytes - held);
+    ms.push_back(s.ms);
+    bubbles.push_back(s.bubble);
+    r.peak = std::max(r.peak, s.stage_0_peak);
+    r.activations = std::max(r.activations, s.stage_0_peak - held);
   }
   r.ms = median(ms);
   r.bubble = median(bubbles);
   p::kernels::buffer_cache().clear();
   return r;
+}
+
+Step threads_step(const p::ExecutionPlan& plan, const p::SpmdProgram& spmd, const p::NamedArrays& state) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto results = p::execute_on_threads(plan, state, {.timeline = true});
+  Step s{std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(), 0, results[0].peak_bytes};
+  for (const auto& d : results) s.bubble += bubble_of(spmd, d) / static_cast<double>(results.size());
+  return s;
 }
 
 void print_header(const char* backend) {
@@ -199,30 +212,18 @@ int run_mpi(int argc, char** argv, int reps) {
   for (int m : {1, 2, 4, 8})
     for (const auto& schedule : schedules) {
       if (!runs(schedule, stages, m) || (schedule.chunks > 1 && config.layers < stages * schedule.chunks)) continue;
-      const p::Program step = gpt_step(config, m);
-      const p::SpmdProgram spmd = pipelined(step, stages, schedule);
-      Run r;
-      predict(spmd, r);
-      const std::int64_t held = held_by_stage_0(spmd);
-      const p::NamedArrays state = random_state(step);
-      const p::ExecutionPlan plan(spmd);
-      std::vector<double> ms, bubbles;
-      for (int i = 0; i <= reps; ++i) {
+      const Run r = measure(stages, m, schedule, reps, [&](const p::ExecutionPlan& plan, const p::SpmdProgram& spmd,
+                                                           const p::NamedArrays& state) {
         world.barrier();
         const auto t0 = std::chrono::steady_clock::now();
         const p::DeviceResult d = p::execute(plan, world, state, {.timeline = true});
-        double mine[2] = {std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
-                          bubble_of(spmd, d)};
-        MPI_Allreduce(MPI_IN_PLACE, &mine[1], 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-        MPI_Allreduce(MPI_IN_PLACE, &mine[0], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        if (i == 0) continue;
-        ms.push_back(mine[0]);
-        bubbles.push_back(mine[1] / stages);
-        if (root) r.peak = std::max(r.peak, d.peak_bytes), r.activations = std::max(r.activations, d.peak_bytes - held);
-      }
-      r.ms = median(ms);
-      r.bubble = median(bubbles);
-      p::kernels::buffer_cache().clear();
+        Step s{std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+               bubble_of(spmd, d) / stages, root ? d.peak_bytes : 0};
+        MPI_Allreduce(MPI_IN_PLACE, &s.ms, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, &s.bubble, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, &s.stage_0_peak, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+        return s;
+      });
       if (!root) continue;
       print_row(stages, m, schedule, r);
       worst = std::max(worst, std::abs(r.predicted_bubble - r.bubble));
@@ -260,7 +261,7 @@ int main(int argc, char** argv) {
     for (int m : {1, 2, 4, 8})
       for (const auto& schedule : schedules) {
         if (!runs(schedule, stages, m)) continue;
-        const Run r = measure_threads(stages, m, schedule, reps);
+        const Run r = measure(stages, m, schedule, reps, threads_step);
         print_row(stages, m, schedule, r);
         worst = std::max(worst, std::abs(r.predicted_bubble - r.bubble));
         if (stages == 4 && m == 8) ratios.at[p::name_of(schedule)] = r;

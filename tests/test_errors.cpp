@@ -219,7 +219,8 @@ TEST_CASE("catalog: tactics and schedules") {
   }
   // E44 an unknown preset name
   CHECK_THROWS_WITH_AS(parse_schedule("bp,tp"),
-                       "schedule 'bp,tp': unknown tactic 'tp' (expected none, bp, mp, z2, z3, emb, mq, ep, sp, pp, pp:gpipe, auto:<axis>)", UserError);
+                       "schedule 'bp,tp': unknown tactic 'tp' (expected none, bp, mp, z2, z3, emb, mq, ep, sp, pp, pp:gpipe, "
+                       "pp:interleaved:<v>, pp:zb1, pp:zbv, auto:<axis>)", UserError);
   // E45 explain() of a name the program lacks
   CHECK_THROWS_WITH_AS(explain(partition(prog, mesh2x2, {bp}), "params/mlp/w7"),
                        "partitioned program 'mlp' has no input, tag or output named 'params/mlp/w7'", UserError);
@@ -629,13 +630,14 @@ TEST_CASE("catalog: pipeline parallelism") {
                        "tactic 1 (pp(stage, zbv)): 4 virtual stages on 'stage' but 'train_step' has 2 layers: virtual "
                        "stage 2 would have no ops (use at most as many virtual stages as layers)",
                        UserError);
-  const nn::Gpt four_layers{{.vocab = 16, .seq = 4, .d_model = 8, .heads = 2, .layers = 4}};
-  const Program odd = train_step([&](Tensor t, Tensor y) { return four_layers.loss(t, y); }, Adam{}, data,
-                                 StepOptions{.microbatches = 1});
-  CHECK_THROWS_WITH_AS(partition(odd, two, parse_schedule("pp:interleaved:2")),
-                       "tactic 1 (pp(stage, interleaved:2)): 1 microbatches, which 2 stages do not divide (the "
-                       "interleaved schedule runs each chunk on p microbatches at a time, as Megatron-LM's; use a "
-                       "multiple of 2)",
+  const nn::Gpt eight_layers{{.vocab = 16, .seq = 4, .d_model = 8, .heads = 2, .layers = 8}};
+  const Program odd = train_step([&](Tensor t, Tensor y) { return eight_layers.loss(t, y); }, Adam{},
+                                 {{"tokens", {6, c.seq}, DType::i32}, {"targets", {6, c.seq}, DType::i32}},
+                                 StepOptions{.microbatches = 6});
+  CHECK_THROWS_WITH_AS(partition(odd, Mesh{{"stage", 4}}, parse_schedule("pp:interleaved:2")),
+                       "tactic 1 (pp(stage, interleaved:2)): 6 microbatches, which 4 stages do not divide (the "
+                       "interleaved schedule runs microbatches through each chunk p at a time, as Megatron-LM's; use "
+                       "at most 4, or a multiple)",
                        UserError);
   CHECK_THROWS_WITH_AS(partition(mlp_step, two, {pipeline("stage", PipelineSchedule::zbv, {{"params/mlp/w1"}, {"params/mlp/b1"}})}),
                        "tactic 1 (pp(stage, zbv)): 2 stages' selectors for axis 'stage' of size 2 with 2 chunks each (one "

@@ -41,12 +41,11 @@ struct StageTask {
 // graph over each virtual stage's task costs (unit costs where none are given): the device that is free first
 // runs, of the tasks whose inputs are ready, a B first (it unblocks the stages before), else an F while within
 // its memory limits, else a W that would not delay a B whose inputs are on their way: so W fills the bubbles.
-// Memory counts a microbatch's activations as 2 halves,
-// one freed by its B and one by its W (which still reads the layer inputs); zb1 keeps 1F1B's shape, at most
-// p - s microbatches past F and not yet through B on stage s, and 1F1B's peak, 2p halves (stage 0's p
-// microbatches); zbv's chunks are half a stage, so 2p chunks past F and 4p halves. Ties go to the earlier
-// microbatch, then the later chunk. Should every device wait with none running, the limits rise by one: the
-// order never deadlocks.
+// Memory counts a microbatch's activations as 2 halves, one freed by its B and one by its W (which still reads
+// the layer inputs); zb1 keeps 1F1B's shape, at most p - s microbatches past F and not yet through B on stage
+// s, and 1F1B's peak, 2p halves (stage 0's p microbatches); zbv's chunks are half a stage, so 2p chunks past F
+// and 4p halves. Ties go to the earlier microbatch, then the later chunk. Should every device wait with none
+// running, the limits rise by one: the order never deadlocks.
 struct TaskCosts {
   double forward = 1, backward = 1, weight = 1;  // a microbatch's F, B and W on one virtual stage
 };
@@ -71,15 +70,20 @@ PARTIR_ENTRY std::vector<std::vector<StageTask>> pipeline_tasks(const PipelineSc
       for (int j = 0; j < m; ++j) out[static_cast<std::size_t>(s)].push_back({s, P::backward, j});
     }
   } else if (!schedule.splits_backward()) {
-    // Megatron-LM's order (1F1B when v is 1): virtual microbatch k is chunk (k mod pv) / p of microbatch
-    // (k / pv) p + k mod p, forward chunks ascending and backward chunks descending; stage s warms up with
-    // 2 (p - s - 1) + (v - 1) p of them, then alternates one forward and one backward.
+    // Megatron-LM's order (1F1B when v is 1): microbatches in groups of p (the last group what is left), each
+    // group through chunk 0, then chunk 1, ... forward and through the chunks in reverse backward; stage s warms
+    // up with 2 (p - s - 1) + (v - 1) p of these (chunk, microbatch) passes, then alternates one forward and
+    // one backward.
+    std::vector<std::pair<int, int>> order;  // (chunk, microbatch), forward
+    for (int first = 0; first < m; first += p)
+      for (int c = 0; c < v; ++c)
+        for (int j = first; j < std::min(m, first + p); ++j) order.emplace_back(c, j);
     const int total = m * v;
-    auto microbatch = [&](int k) { return k / (p * v) * p + k % p; };
     for (int s = 0; s < p; ++s) {
       auto& tasks = out[static_cast<std::size_t>(s)];
-      auto forward = [&](int k) { tasks.push_back({(k % (p * v)) / p * p + s, P::forward, v == 1 ? k : microbatch(k)}); };
-      auto backward = [&](int k) { tasks.push_back({(v - 1 - (k % (p * v)) / p) * p + s, P::backward, v == 1 ? k : microbatch(k)}); };
+      auto at = [&](int k) { return order[static_cast<std::size_t>(k)]; };
+      auto forward = [&](int k) { tasks.push_back({at(k).first * p + s, P::forward, at(k).second}); };
+      auto backward = [&](int k) { tasks.push_back({(v - 1 - at(k).first) * p + s, P::backward, at(k).second}); };
       const int warmup = std::min(total, v == 1 ? p - 1 - s : 2 * (p - s - 1) + (v - 1) * p);
       for (int k = 0; k < warmup; ++k) forward(k);
       for (int k = 0; k < total; ++k) {

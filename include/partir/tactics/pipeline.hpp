@@ -273,10 +273,10 @@ PARTIR_ENTRY void Pipeline::apply(PartitionState& s) const {
                "device, interleaved:v at least one, zbv two)");
   int microbatches = 1;
   for (const auto& seg : prog.segments()) microbatches = std::max(microbatches, seg.microbatch + 1);
-  if (v > 1 && !schedule.v_shape && microbatches % p != 0)
+  if (v > 1 && !schedule.v_shape && microbatches > p && microbatches % p != 0)
     user_error(who + ": " + std::to_string(microbatches) + " microbatches, which " + std::to_string(p) +
-               " stages do not divide (the interleaved schedule runs each chunk on p microbatches at a time, as "
-               "Megatron-LM's; use a multiple of " + std::to_string(p) + ")");
+               " stages do not divide (the interleaved schedule runs microbatches through each chunk p at a time, "
+               "as Megatron-LM's; use at most " + std::to_string(p) + ", or a multiple)");
   PipelineStages out{axis, p, schedule, static_cast<int>(s.tactics().size()) - 1, who,
                      std::vector<int>(static_cast<std::size_t>(prog.size()), -1), {}};
   assign_parameters(prog, p, who, out.stage);
