@@ -616,7 +616,11 @@ TEST_CASE("catalog: pipeline parallelism") {
                        UserError);
   CHECK_THROWS_WITH_AS(partition(step, two, {pipeline("stage", PipelineSchedule{PipelineSchedule::Order::gpipe, 2, false})}),
                        "tactic 1 (pp(stage, gpipe:2)): schedule gpipe:2 is not one partir runs (gpipe and zb1 hold one "
-                       "chunk per device, interleaved:v at least one, zbv two)",
+                       "chunk per device, interleaved:v at least one, zbv two placed as a V)",
+                       UserError);
+  CHECK_THROWS_WITH_AS(partition(step, two, {pipeline("stage", PipelineSchedule{PipelineSchedule::Order::one_f_one_b, 2, true})}),
+                       "tactic 1 (pp(stage, 1f1b:v2)): schedule 1f1b:v2 is not one partir runs (gpipe and zb1 hold one "
+                       "chunk per device, interleaved:v at least one, zbv two placed as a V)",
                        UserError);
   const nn::Gpt three_layers{{.vocab = 16, .seq = 4, .d_model = 8, .heads = 2, .layers = 3}};
   const Program step3 = train_step([&](Tensor t, Tensor y) { return three_layers.loss(t, y); }, Adam{}, data,

@@ -6,9 +6,9 @@
 // to every stage, so every device returns it. Each stage's ops are then ordered by the schedule: its tasks
 // (microbatch m's forward or backward pass through one of its chunks, the backward split into B and W where
 // the schedule says so, then the update) in the schedule's order, each task's ops in program order. The B/W
-// split comes from the graph, by data dependence: nothing is written per layer. The stages' sequences are interleaved into one program by running them as the devices will
-// (sends never wait, a recv waits for its send): if that stalls, the stages wait on each other in a cycle and
-// the plan is refused.
+// split comes from the graph, by data dependence: nothing is written per layer. The stages' sequences are
+// interleaved into one program by running them as the devices will (sends never wait, a recv waits for its
+// send): if that stalls, the stages wait on each other in a cycle and the plan is refused.
 #include <algorithm>
 #include <map>
 #include <optional>

@@ -268,9 +268,10 @@ PARTIR_ENTRY void Pipeline::apply(PartitionState& s) const {
       user_error(who + ": axis '" + axis + "' already partitions " + prog.label(v) + " (" + owner(s, v, a) +
                  "); a pipeline axis carries stages, not tiles");
   const int v = schedule.chunks;
-  if (v < 1 || (schedule.order == PipelineSchedule::Order::gpipe && v > 1) || (schedule.v_shape && v != 2))
+  if (v < 1 || (schedule.order == PipelineSchedule::Order::gpipe && v > 1) ||
+      (schedule.v_shape && (v != 2 || !schedule.splits_backward())))
     user_error(who + ": schedule " + name_of(schedule) + " is not one partir runs (gpipe and zb1 hold one chunk per "
-               "device, interleaved:v at least one, zbv two)");
+               "device, interleaved:v at least one, zbv two placed as a V)");
   int microbatches = 1;
   for (const auto& seg : prog.segments()) microbatches = std::max(microbatches, seg.microbatch + 1);
   if (v > 1 && !schedule.v_shape && microbatches > p && microbatches % p != 0)
