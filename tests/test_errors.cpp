@@ -561,7 +561,7 @@ TEST_CASE("catalog: pipeline parallelism") {
   const std::vector<InputSpec> data{{"tokens", {4, c.seq}, DType::i32}, {"targets", {4, c.seq}, DType::i32}};
   const Program step = train_step([&](Tensor t, Tensor y) { return gpt.loss(t, y); }, Adam{}, data,
                                   StepOptions{.microbatches = 2});
-  // E97 more stages than layers to split evenly, and a model without layers/<i> names
+  // E97 more stages than layers to split, and a model without layers/<i> names
   CHECK_THROWS_WITH_AS(partition(step, Mesh{{"stage", 4}}, parse_schedule("pp")),
                        "tactic 1 (pp(stage)): 4 stages on 'stage' but 'train_step' has 2 layers: stage 2 would have no "
                        "ops (use at most as many stages as layers)",
@@ -569,7 +569,7 @@ TEST_CASE("catalog: pipeline parallelism") {
   nn::Mlp mlp{"params/mlp", {8, 16, 8}};
   const Program mlp_step = train_step([&](Tensor x, Tensor y) { return mse(mlp(x), y); }, Adam{}, {{"x", {8, 8}}, {"y", {8, 8}}});
   CHECK_THROWS_WITH_AS(partition(mlp_step, Mesh{{"stage", 2}}, parse_schedule("pp")),
-                       "tactic 1 (pp(stage)): no parameter of 'train_step' is named .../layers/<i>/... to split evenly; "
+                       "tactic 1 (pp(stage)): no parameter of 'train_step' is named .../layers/<i>/... to split into stages; "
                        "give each stage its parameter selectors",
                        UserError);
   // E98 stage selectors: not one list per stage, a selector matching no parameter, a parameter in two stages or
@@ -610,7 +610,7 @@ TEST_CASE("catalog: pipeline parallelism") {
                        "pp:gpipe, pp:interleaved:<v>, pp:zb1, pp:zbv, auto:<axis>)",
                        UserError);
   // E117 chunked schedules: a chunk count below 1 or one the order does not run, layers that do not split into
-  // equal chunks, microbatches the stages do not divide (interleaved), selectors not one list per virtual stage
+  // equal chunks (by count), microbatches the stages do not divide (interleaved), selectors not one list per virtual stage
   CHECK_THROWS_WITH_AS(parse_schedule("pp:interleaved:0"),
                        "schedule 'pp:interleaved:0': 'pp:interleaved:0' needs a chunk count of at least 1, as in pp:interleaved:2",
                        UserError);
@@ -625,10 +625,10 @@ TEST_CASE("catalog: pipeline parallelism") {
   const nn::Gpt three_layers{{.vocab = 16, .seq = 4, .d_model = 8, .heads = 2, .layers = 3}};
   const Program step3 = train_step([&](Tensor t, Tensor y) { return three_layers.loss(t, y); }, Adam{}, data,
                                    StepOptions{.microbatches = 2});
-  CHECK_THROWS_WITH_AS(partition(step3, Mesh{{"stage", 1}}, parse_schedule("pp:interleaved:2")),
-                       "tactic 1 (pp(stage, interleaved:2)): 'train_step' has 3 layers, which do not split into 1 stages "
-                       "x 2 chunks of equal size (a chunked schedule deals equal chunks round the devices; use a chunk "
-                       "count that divides the layers per stage)",
+  CHECK_THROWS_WITH_AS(partition(step3, Mesh{{"stage", 1}}, {pipeline("stage", PipelineSchedule::interleaved(2), {}, StageBalance::layers)}),
+                       "tactic 1 (pp(stage, interleaved:2, equal layers)): 'train_step' has 3 layers, which do not split "
+                       "into 1 stages x 2 chunks of equal size (a chunked schedule deals equal chunks round the devices; "
+                       "use a chunk count that divides the layers per stage, or StageBalance::cost)",
                        UserError);
   CHECK_THROWS_WITH_AS(partition(step, Mesh{{"stage", 2}}, parse_schedule("pp:zbv")),
                        "tactic 1 (pp(stage, zbv)): 4 virtual stages on 'stage' but 'train_step' has 2 layers: virtual "

@@ -1003,6 +1003,41 @@ TEST_CASE("pipeline: explain names each value's stage and the tactic") {
   CHECK(explain(plan, plan.value("params/tok_embed/table")).find("on stage 0 of 'stage'") != std::string::npos);
 }
 
+TEST_CASE("pipeline: stages cut by predicted work, so a heavy head takes fewer layers; equal layers on request") {
+  nn::GptConfig c = small(8);
+  c.vocab = 4096;  // the head's GEMM and the loss outweigh layers of d_model 16
+  const Program step = train_with(c, {.microbatches = 2});
+  const Mesh line4{{"stage", 4}};
+  const Partitioned by_work = partition(step, line4, {pipeline("stage")});
+  const Partitioned by_count = partition(step, line4, {pipeline("stage", PipelineSchedule::one_f_one_b, {}, StageBalance::layers)});
+  auto stage_of = [](const Partitioned& p, int layer) {
+    return p.state().pipeline()->stage[static_cast<std::size_t>(p.value("params/layers/" + std::to_string(layer) + "/mlp/w1"))];
+  };
+  for (int layer = 0; layer < 8; ++layer) CHECK(stage_of(by_count, layer) == layer / 2);
+  CHECK(stage_of(by_work, 6) < 3);  // the last stage, with the head and the loss, holds fewer than 2 layers
+  for (int layer = 1; layer < 8; ++layer) CHECK(stage_of(by_work, layer) >= stage_of(by_work, layer - 1));
+  const auto busiest = [](const Report& r) {
+    double most = 0;
+    for (const auto& st : r.stages) most = std::max(most, st.busy_seconds);
+    return most;
+  };
+  const Report work = simulate(lower(by_work), HardwareProfile::cpu()), count = simulate(lower(by_count), HardwareProfile::cpu());
+  CHECK(busiest(work) < busiest(count));
+  CHECK(work.step_seconds < count.step_seconds);
+  const std::string why = explain(by_work, by_work.value("params/layers/0/mlp/w1"));
+  CHECK(why.find("on stage 0 of 'stage': tactic 1 (pp(stage)) (layer") != std::string::npos);
+  CHECK(why.find("% of the predicted work)") != std::string::npos);
+  CHECK(explain(by_count, by_count.value("params/layers/7/mlp/w1")).find("(pp(stage, equal layers)) (layers 6-7, equal layers)") !=
+        std::string::npos);
+  check_plans(step, {{"pp by work 4", line4, {pipeline("stage")}}}, c.vocab, 96);
+  // Layers of equal work and a light head: the cut by work is the cut by count.
+  const Partitioned even = partition(train_with(small(8), {.microbatches = 2}), line4, parse_schedule("pp"));
+  for (int layer = 0; layer < 8; ++layer) CHECK(stage_of(even, layer) == layer / 2);
+  // A chunked schedule cut by work needs no equal chunks; by count it does (catalog E117).
+  const Program three = train_with(small(3), {.microbatches = 2});
+  check_plans(three, {{"interleaved:2 of 3 layers", Mesh{{"stage", 1}}, parse_schedule("pp:interleaved:2")}}, 32, 97);
+}
+
 TEST_CASE("pipeline: interleaved, zb1 and zbv steps equal the single-device accumulated step, alone and within bp, mp, z3") {
   const nn::GptConfig c = small(4), deep = small(8);
   const Mesh line2{{"stage", 2}}, line4{{"stage", 4}};

@@ -87,9 +87,13 @@ PARTIR_ENTRY std::string explain(const Partitioned& p, ValueId v) {
     }
   }
   if (const auto& pp = state.pipeline()) {
-    const int stage = pp->stage[static_cast<std::size_t>(v)];
+    const int stage = pp->stage[static_cast<std::size_t>(v)], chunk = pp->chunk[static_cast<std::size_t>(v)];
     s += "  " + prog.label(v) + (stage >= 0 ? " on stage " + std::to_string(stage) : " on every stage that reads it") +
-         " of '" + pp->axis + "': " + pp->tactic_label + "\n";
+         " of '" + pp->axis + "': " + pp->tactic_label;
+    if (chunk >= 0 && static_cast<std::size_t>(chunk) < pp->cut.size())
+      s += " (" + (pp->schedule.chunks > 1 ? "virtual stage " + std::to_string(chunk) + ": " : std::string()) +
+           pp->cut[static_cast<std::size_t>(chunk)] + ")";
+    s += "\n";
   }
   const std::string op_site = state.site(Provenance::Via::op, v);
   for (const auto& c : p.conflicts())

@@ -58,6 +58,8 @@ struct PipelineStages {
   std::string tactic_label; // "tactic 1 (pp(stage))"
   std::vector<int> stage;   // per value: the device position that computes it, -1 if it has none of its own
   std::vector<int> chunk;   // per value: its virtual stage (0 .. stages * chunks - 1; the stage when chunks is 1)
+  std::vector<std::string> cut;  // per virtual stage, the layers the tactic gave it and why ("layers 0-2, 31% of
+                                 // the predicted work"); empty where selectors chose
   friend bool operator==(const PipelineStages&, const PipelineStages&) = default;
 };
 

@@ -1,6 +1,6 @@
 #pragma once
 // The cost formulas the simulator applies, one device at a time.
-//   Local ops: a roofline over their work (spmd/op_work.hpp: FLOPs and bytes). Time = op_overhead + max(FLOPs / rate, bytes / bandwidth) (rate:
+//   Local ops: a roofline over their work (sharding/op_work.hpp: FLOPs and bytes). Time = op_overhead + max(FLOPs / rate, bytes / bandwidth) (rate:
 //   the GEMM peak for dot_general, scaled by the profile's GEMM curve at its smallest dim; the elementwise
 //   rate for the rest), the bandwidth of the op's kind where the profile has one (strided copies), else
 //   memory_bandwidth, scaled by the profile's cache curve at this working set or, if longer, at the bytes
@@ -17,7 +17,7 @@
 #include <span>
 
 #include "partir/sim/hardware_profile.hpp"
-#include "partir/spmd/op_work.hpp"
+#include "partir/sharding/op_work.hpp"
 
 namespace partir {
 

@@ -16,7 +16,7 @@
 
 #include "partir/config.hpp"
 #include "partir/ir/program.hpp"
-#include "partir/spmd/op_work.hpp"
+#include "partir/sharding/op_work.hpp"
 #include "partir/spmd/spmd_program.hpp"
 
 namespace partir {
@@ -250,8 +250,7 @@ class StageCutter {
     ValueId of = -1;  // the lowered value it computes, moves or copies
   };
 
-  // Each virtual stage's F, B and W of microbatch 0: the roofline time of their ops on a nominal machine
-  // (100 GFLOP/s, 10 GB/s, 1 us per op; only the ratios between tasks matter to the order).
+  // Each virtual stage's F, B and W of microbatch 0: the roofline time of their ops on the nominal machine.
   std::vector<TaskCosts> task_costs() const {
     std::vector<TaskCosts> costs(static_cast<std::size_t>(st_.stages * st_.schedule.chunks), TaskCosts{0, 0, 0});
     std::vector<TensorType> operands;
@@ -261,7 +260,7 @@ class StageCutter {
       operands.clear();
       for (ValueId o : in_.op(v).op.operands) operands.push_back(in_.type(o));
       const Work w = in_.op(v).collective ? Work{0, 2.0 * static_cast<double>(in_.type(v).bytes())} : local_work(in_.op(v).op, operands);
-      const double seconds = 1e-6 + std::max(w.flops / 1e11, w.bytes / 1e10);
+      const double seconds = nominal_seconds(w);
       TaskCosts& c = costs[static_cast<std::size_t>(t.chunk)];
       (t.phase == StageTask::Phase::forward ? c.forward : t.phase == StageTask::Phase::backward ? c.backward : c.weight) += seconds;
     }

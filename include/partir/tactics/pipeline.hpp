@@ -13,10 +13,13 @@
 //
 // Which stage computes a value (the rules lowering follows; values with no stage of their own, such as data,
 // constants and what only they make, are computed on every stage that uses them):
-//  - a parameter: the stage whose selectors match it, or with no selectors the layers split evenly:
-//    .../layers/<i>/... goes to stage i * p / L, parameters declared before the first layer to stage 0 and
-//    after the last to stage p - 1 (an embedding first, the final norm last); with chunks, to equal chunks
-//    (as Megatron-LM requires), so that the schedule's round-robin stays balanced;
+//  - a parameter: the stage whose selectors match it; with no selectors, whole layers (.../layers/<i>/...) in
+//    order, parameters declared before the first layer with layer 0 (an embedding) and after the last with the
+//    last (the final norm, a head): StageBalance::cost (the default) cuts where the stages' predicted work is
+//    most even (each layer's forward, backward and update ops on the nominal machine of sharding/op_work.hpp,
+//    so a stage that holds a large head or loss gets fewer layers, as Megatron-LM's
+//    --decoder-last-pipeline-num-layers does by hand); StageBalance::layers gives each stage the same number of
+//    layers (layer i to stage i * p / L);
 //  - a forward value: the latest stage among its operands' (a pipeline only moves forward);
 //  - a value of the backward pass (the VJP of forward value f): f's stage, where f's operands are;
 //  - a value computed from gradients (accumulation, clipping, the update): the stage holding most of its
@@ -27,17 +30,23 @@
 #include <set>
 
 #include "partir/ir/selector.hpp"
+#include "partir/sharding/op_work.hpp"
 #include "partir/sharding/propagate.hpp"
 
 namespace partir {
 
+// How a pipeline without selectors deals the layers to its stages: by their predicted work, or by count.
+enum class StageBalance : std::uint8_t { cost, layers };
+
 struct Pipeline {
   std::string axis;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
-  std::vector<std::vector<std::string>> stages = {};  // parameter selectors per stage; empty: layers split evenly
+  std::vector<std::vector<std::string>> stages = {};  // parameter selectors per stage; empty: whole layers per stage
+  StageBalance balance = StageBalance::cost;
 
   std::string name() const {
-    return "pp(" + axis + (schedule == PipelineSchedule::one_f_one_b ? "" : ", " + name_of(schedule)) + ")";
+    return "pp(" + axis + (schedule == PipelineSchedule::one_f_one_b ? "" : ", " + name_of(schedule)) +
+           (balance == StageBalance::layers ? ", equal layers" : "") + ")";
   }
 
   void apply(PartitionState& s) const;
@@ -60,8 +69,9 @@ struct Pipeline {
     return error == std::errc{} && end != first ? i : -1;
   }
 
-  // Each parameter's virtual stage, of p * chunks.
-  void assign_parameters(const Program& prog, int p, const std::string& who, std::vector<int>& stage) const {
+  // Each parameter's virtual stage, of p * chunks; `cut` gets, per virtual stage, the layers it holds.
+  void assign_parameters(const Program& prog, int p, const std::string& who, std::vector<int>& stage,
+                         std::vector<std::string>& cut) const {
     const int devices = p;
     p *= schedule.chunks;
     const std::string what = schedule.chunks == 1 ? "stage" : "virtual stage";
@@ -74,21 +84,45 @@ struct Pipeline {
       for (ValueId v : params) layers = std::max(layers, layer_of(prog.op(v).name) + 1);
       if (layers == 0)
         user_error(who + ": no parameter of '" + prog.name() +
-                   "' is named .../layers/<i>/... to split evenly; give each stage its parameter selectors");
+                   "' is named .../layers/<i>/... to split into stages; give each stage its parameter selectors");
       if (layers < p)
         user_error(who + ": " + std::to_string(p) + " " + what + "s on '" + axis + "' but '" + prog.name() + "' has " +
                    std::to_string(layers) + " layers: " + what + " " + std::to_string(layers) +
                    " would have no ops (use at most as many " + what + "s as layers)");
-      if (schedule.chunks > 1 && layers % p != 0)
+      if (balance == StageBalance::layers && schedule.chunks > 1 && layers % p != 0)
         user_error(who + ": '" + prog.name() + "' has " + std::to_string(layers) + " layers, which do not split into " +
                    std::to_string(devices) + " stages x " + std::to_string(schedule.chunks) +
                    " chunks of equal size (a chunked schedule deals equal chunks round the devices; use a chunk count "
-                   "that divides the layers per stage)");
+                   "that divides the layers per stage, or StageBalance::cost)");
+      // Each parameter's layer: what precedes the first layer goes with it, what follows the last with that.
+      std::vector<int> layer(static_cast<std::size_t>(prog.size()), -1);
       bool seen_layer = false;
       for (ValueId v : params) {
-        const int layer = layer_of(prog.op(v).name);
-        seen_layer |= layer >= 0;
-        stage[static_cast<std::size_t>(v)] = layer >= 0 ? static_cast<int>(std::int64_t{layer} * p / layers) : seen_layer ? p - 1 : 0;
+        const int i = layer_of(prog.op(v).name);
+        seen_layer |= i >= 0;
+        layer[static_cast<std::size_t>(v)] = i >= 0 ? i : seen_layer ? layers - 1 : 0;
+      }
+      std::vector<int> first(static_cast<std::size_t>(p) + 1);  // each virtual stage's first layer, then `layers`
+      std::vector<double> work;
+      if (balance == StageBalance::layers) {
+        for (int k = 0; k <= p; ++k) first[static_cast<std::size_t>(k)] = static_cast<int>((std::int64_t{k} * layers + p - 1) / p);
+      } else {
+        work = layer_work(prog, layer, layers);
+        first = balanced_cut(work, p);
+      }
+      for (ValueId v : params) {
+        const int i = layer[static_cast<std::size_t>(v)];
+        stage[static_cast<std::size_t>(v)] = static_cast<int>(std::upper_bound(first.begin(), first.end(), i) - first.begin()) - 1;
+      }
+      double total = 0;
+      for (double w : work) total += w;
+      for (int k = 0; k < p; ++k) {
+        const int a = first[static_cast<std::size_t>(k)], b = first[static_cast<std::size_t>(k) + 1] - 1;
+        double share = 0;
+        for (int i = a; i <= b && total > 0; ++i) share += work[static_cast<std::size_t>(i)] / total;
+        cut.push_back((a == b ? "layer " + std::to_string(a) : "layers " + std::to_string(a) + "-" + std::to_string(b)) +
+                      (total > 0 ? ", " + std::to_string(static_cast<int>(std::lround(100 * share))) + "% of the predicted work"
+                                 : std::string(", equal layers")));
       }
     } else {
       if (static_cast<int>(stages.size()) != p)
@@ -120,6 +154,55 @@ struct Pipeline {
     for (int k = 0; k < p; ++k)
       if (count[static_cast<std::size_t>(k)] == 0)
         user_error(who + ": " + what + " " + std::to_string(k) + " of '" + axis + "' holds no parameter, so it would have no ops");
+  }
+
+  // Each layer's work: the time, on the nominal machine, of the ops that a stage per layer would run (its
+  // forward, backward and update ops, and what comes before the first layer or after the last).
+  static std::vector<double> layer_work(const Program& prog, std::vector<int> layer, int layers) {
+    assign_values(prog, layer);
+    std::vector<double> work(static_cast<std::size_t>(layers), 0.0);
+    std::vector<TensorType> in;
+    for (ValueId v = 0; v < prog.size(); ++v) {
+      const int i = layer[static_cast<std::size_t>(v)];
+      if (i < 0 || prog.op(v).kind == OpKind::input) continue;
+      in.clear();
+      for (ValueId o : prog.op(v).operands) in.push_back(prog.type(o));
+      work[static_cast<std::size_t>(i)] += nominal_seconds(local_work(prog.op(v), in));
+    }
+    return work;
+  }
+
+  // The first layer of each of p contiguous, non-empty stages (then the layer count) that minimizes the most
+  // work any stage gets; among cuts within 1e-9 of it, the most even (the least sum of squares).
+  static std::vector<int> balanced_cut(const std::vector<double>& work, int p) {
+    const int layers = static_cast<int>(work.size());
+    std::vector<double> prefix(work.size() + 1, 0.0);
+    for (std::size_t i = 0; i < work.size(); ++i) prefix[i + 1] = prefix[i] + work[i];
+    struct Cut {
+      double most = 0, squares = 0;
+      int from = -1;  // the previous stage's end; -1: no cut reaches here
+    };
+    auto better = [](const Cut& a, const Cut& b) {
+      if (b.from < 0) return true;
+      const double tolerance = 1e-9 * std::max(a.most, b.most);
+      return a.most < b.most - tolerance || (a.most <= b.most + tolerance && a.squares < b.squares);
+    };
+    // best[k][j]: the best cut of layers [0, j) into k stages.
+    std::vector<std::vector<Cut>> best(static_cast<std::size_t>(p) + 1, std::vector<Cut>(work.size() + 1));
+    best[0][0].from = 0;
+    for (int k = 1; k <= p; ++k)
+      for (int j = k; j <= layers - (p - k); ++j)
+        for (int i = k - 1; i < j; ++i) {
+          const Cut& before = best[static_cast<std::size_t>(k) - 1][static_cast<std::size_t>(i)];
+          if (before.from < 0) continue;
+          const double w = prefix[static_cast<std::size_t>(j)] - prefix[static_cast<std::size_t>(i)];
+          const Cut c{std::max(before.most, w), before.squares + w * w, i};
+          Cut& at = best[static_cast<std::size_t>(k)][static_cast<std::size_t>(j)];
+          if (better(c, at)) at = c;
+        }
+    std::vector<int> first(static_cast<std::size_t>(p) + 1, layers);
+    for (int k = p, j = layers; k > 0; --k) j = first[static_cast<std::size_t>(k) - 1] = best[static_cast<std::size_t>(k)][static_cast<std::size_t>(j)].from;
+    return first;
   }
 
   // "The latest stage among its operands'" cuts a block after its first parameter-free ops (a layer norm's
@@ -249,8 +332,8 @@ struct Pipeline {
 };
 
 inline Pipeline pipeline(std::string axis, PipelineSchedule schedule = PipelineSchedule::one_f_one_b,
-                         std::vector<std::vector<std::string>> stages = {}) {
-  return {std::move(axis), schedule, std::move(stages)};
+                         std::vector<std::vector<std::string>> stages = {}, StageBalance balance = StageBalance::cost) {
+  return {std::move(axis), schedule, std::move(stages), balance};
 }
 
 #if PARTIR_DEFINE_ENTRIES
@@ -279,8 +362,8 @@ PARTIR_ENTRY void Pipeline::apply(PartitionState& s) const {
                " stages do not divide (the interleaved schedule runs microbatches through each chunk p at a time, "
                "as Megatron-LM's; use at most " + std::to_string(p) + ", or a multiple)");
   PipelineStages out{axis, p, schedule, static_cast<int>(s.tactics().size()) - 1, who,
-                     std::vector<int>(static_cast<std::size_t>(prog.size()), -1), {}};
-  assign_parameters(prog, p, who, out.stage);
+                     std::vector<int>(static_cast<std::size_t>(prog.size()), -1), {}, {}};
+  assign_parameters(prog, p, who, out.stage, out.cut);
   assign_values(prog, out.stage);
   out.chunk = out.stage;
   for (int& k : out.stage) k = k < 0 ? -1 : schedule.device_of(k, p);

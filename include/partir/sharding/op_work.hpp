@@ -3,7 +3,8 @@
 // product of the factor sizes of its rule in the tile-mapping registry (dot_general: 2 x batch x M x N x K;
 // reduce: the operand's elements; elementwise: the result's elements); layout ops move data and do no
 // arithmetic. Bytes = the operands read plus the result written. The simulator turns it into time on a
-// hardware profile (sim/cost_model.hpp); a pipeline's stage cutter weighs its tasks by it (spmd/pipeline.hpp).
+// hardware profile (sim/cost_model.hpp); the pipeline tactic balances its stages by it (tactics/pipeline.hpp) and
+// the stage cutter weighs the schedule's tasks by it (spmd/pipeline.hpp), both on a nominal machine.
 #include <algorithm>
 #include <span>
 
@@ -78,5 +79,9 @@ inline Work local_work(const Op& op, std::span<const TensorType> in) {
   }
   return w;
 }
+
+// Seconds on a nominal machine (100 GFLOP/s, 10 GB/s, 1 us per op): what only the ratios between ops matter to
+// (a stage cut, a task order) uses it, before there is a hardware profile.
+inline double nominal_seconds(const Work& w) { return 1e-6 + std::max(w.flops / 1e11, w.bytes / 1e10); }
 
 }  // namespace partir
