@@ -14,6 +14,8 @@
 //   1f1b/gpipe peak activation memory (p=4, M=8), GPT d256 seq 512: R  (target <= 0.6; a model whose activations
 //                                                                       dominate, predicted: the simulator's
 //                                                                       memory is the executor's)
+//   by work/by count step (p=2, M=8, vocab 4096): predicted R, measured R  (stages cut by predicted work against
+//                                                                       equal layer counts, with a heavy head)
 // On the threads backend 4 device threads oversubscribe 2 cores: their measured bubbles include descheduled
 // peers. `pipeline --mpi` under `mpirun -np P` runs the rows of P stages with one rank per stage.
 // usage: pipeline [reps] [--mpi]
@@ -43,7 +45,7 @@ const std::vector<p::PipelineSchedule> schedules{p::PipelineSchedule::gpipe, p::
                                                  p::PipelineSchedule::zbv};
 
 struct Run {
-  double ms = 0, bubble = 0, predicted_bubble = 0, imbalance = 0;
+  double ms = 0, bubble = 0, predicted_bubble = 0, imbalance = 0, predicted_ms = 0;
   std::int64_t activations = 0, peak = 0;  // stage 0, measured
 };
 
@@ -54,8 +56,9 @@ p::Program gpt_step(const p::nn::GptConfig& c, int m) {
                        p::StepOptions{.microbatches = m});
 }
 
-p::SpmdProgram pipelined(const p::Program& step, int stages, const p::PipelineSchedule& schedule) {
-  return p::lower(p::partition(step, p::Mesh{{"stage", stages}}, {p::pipeline("stage", schedule)}));
+p::SpmdProgram pipelined(const p::Program& step, int stages, const p::PipelineSchedule& schedule,
+                         p::StageBalance balance = p::StageBalance::cost) {
+  return p::lower(p::partition(step, p::Mesh{{"stage", stages}}, {p::pipeline("stage", schedule, {}, balance)}));
 }
 
 // The state stage 0 holds for the whole step.
@@ -86,12 +89,14 @@ double median(std::vector<double> v) {
 }
 
 // Predicted figures of a pipelined program.
-void predict(const p::SpmdProgram& spmd, Run& r) {
-  const p::Report report = p::simulate(spmd, p::HardwareProfile::detect());
+p::Report predict(const p::SpmdProgram& spmd, Run& r) {
+  p::Report report = p::simulate(spmd, p::HardwareProfile::detect());
   r.predicted_bubble = report.bubble_fraction;
   double most = 0, least = 1e300;
   for (const auto& st : report.stages) most = std::max(most, st.busy_seconds), least = std::min(least, st.busy_seconds);
   r.imbalance = most / least;
+  r.predicted_ms = report.step_seconds * 1e3;
+  return report;
 }
 
 p::NamedArrays random_state(const p::Program& step) {
@@ -108,11 +113,10 @@ struct Step {
   std::int64_t stage_0_peak = 0;
 };
 
-// The median of `reps` steps (after one that warms buffers and primitives up) run by run_step(plan, spmd, state).
+// The median of `reps` steps of `spmd`, pipelined from `step` (after one that warms buffers and primitives up),
+// run by run_step(plan, spmd, state).
 template <class RunStep>
-Run measure(int stages, int m, const p::PipelineSchedule& schedule, int reps, RunStep run_step) {
-  const p::Program step = gpt_step(config, m);
-  const p::SpmdProgram spmd = pipelined(step, stages, schedule);
+Run measure(const p::Program& step, const p::SpmdProgram& spmd, int reps, RunStep run_step) {
   Run r;
   predict(spmd, r);
   const std::int64_t held = held_by_stage_0(spmd);
@@ -139,6 +143,41 @@ Step threads_step(const p::ExecutionPlan& plan, const p::SpmdProgram& spmd, cons
   Step s{std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(), 0, results[0].peak_bytes};
   for (const auto& d : results) s.bubble += bubble_of(spmd, d) / static_cast<double>(results.size());
   return s;
+}
+
+template <class RunStep>
+Run measure(int stages, int m, const p::PipelineSchedule& schedule, int reps, RunStep run_step) {
+  const p::Program step = gpt_step(config, m);
+  return measure(step, pipelined(step, stages, schedule), reps, run_step);
+}
+
+// A head as costly as a few layers (vocabulary 4096): 1F1B on 2 stages, M = 8, the layers cut by predicted work
+// (the default) and in equal counts. Prints each cut's stages' predicted busy time, then
+//   by work/by count step (p=2, M=8, vocab 4096): predicted R, measured R
+// (2 stages: one device thread per core).
+template <class RunStep>
+void stage_balance(int reps, RunStep run_step, bool print) {
+  p::nn::GptConfig heavy_head = config;
+  heavy_head.vocab = 4096;
+  const p::Program step = gpt_step(heavy_head, 8);
+  Run runs[2];
+  int i = 0;
+  for (const auto balance : {p::StageBalance::cost, p::StageBalance::layers}) {
+    const p::Partitioned plan = p::partition(step, p::Mesh{{"stage", 2}}, {p::pipeline("stage", p::PipelineSchedule::one_f_one_b, {}, balance)});
+    const p::SpmdProgram spmd = p::lower(plan);
+    Run& r = runs[i++] = measure(step, spmd, reps, run_step);
+    if (!print) continue;
+    std::printf("vocab 4096, stages by %s:", balance == p::StageBalance::cost ? "work " : "count");
+    const auto& pp = *plan.state().pipeline();
+    const p::Report report = predict(spmd, r);
+    for (std::size_t s = 0; s < report.stages.size(); ++s)
+      std::printf("  stage %zu (%s) busy %s", s, pp.cut[s].substr(0, pp.cut[s].find(',')).c_str(),
+                  p::human_seconds(report.stages[s].busy_seconds).c_str());
+    std::printf("; step predicted %.1f ms, measured %.1f ms\n", r.predicted_ms, r.ms);
+  }
+  if (print)
+    std::printf("by work/by count step (p=2, M=8, vocab 4096): predicted %.2f, measured %.2f\n",
+                runs[0].predicted_ms / runs[1].predicted_ms, runs[0].ms / runs[1].ms);
 }
 
 void print_header(const char* backend) {
@@ -206,24 +245,25 @@ int run_mpi(int argc, char** argv, int reps) {
   p::mpi::Communicator world;
   const int stages = session.size();
   const bool root = session.rank() == 0;
+  // One step on every rank: the slowest rank's time, the bubble averaged over the ranks, stage 0's peak.
+  const auto mpi_step = [&](const p::ExecutionPlan& plan, const p::SpmdProgram& spmd, const p::NamedArrays& state) {
+    world.barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    const p::DeviceResult d = p::execute(plan, world, state, {.timeline = true});
+    Step s{std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+           bubble_of(spmd, d) / stages, root ? d.peak_bytes : 0};
+    MPI_Allreduce(MPI_IN_PLACE, &s.ms, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &s.bubble, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &s.stage_0_peak, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    return s;
+  };
   if (root) print_header(("MPI (" + std::to_string(stages) + " ranks)").c_str());
   double worst = 0;
   Ratios ratios{stages, {}};
   for (int m : {1, 2, 4, 8})
     for (const auto& schedule : schedules) {
       if (!runs(schedule, stages, m) || (schedule.chunks > 1 && config.layers < stages * schedule.chunks)) continue;
-      const Run r = measure(stages, m, schedule, reps, [&](const p::ExecutionPlan& plan, const p::SpmdProgram& spmd,
-                                                           const p::NamedArrays& state) {
-        world.barrier();
-        const auto t0 = std::chrono::steady_clock::now();
-        const p::DeviceResult d = p::execute(plan, world, state, {.timeline = true});
-        Step s{std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
-               bubble_of(spmd, d) / stages, root ? d.peak_bytes : 0};
-        MPI_Allreduce(MPI_IN_PLACE, &s.ms, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-        MPI_Allreduce(MPI_IN_PLACE, &s.bubble, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-        MPI_Allreduce(MPI_IN_PLACE, &s.stage_0_peak, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
-        return s;
-      });
+      const Run r = measure(stages, m, schedule, reps, mpi_step);
       if (!root) continue;
       print_row(stages, m, schedule, r);
       worst = std::max(worst, std::abs(r.predicted_bubble - r.bubble));
@@ -233,6 +273,7 @@ int run_mpi(int argc, char** argv, int reps) {
     std::printf("bubble predicted vs measured under MPI (p=%d): worst |error| %.3f\n", stages, worst);
     ratios.print();
   }
+  if (stages == 2) stage_balance(reps, mpi_step, root);
   return 0;
 }
 #endif
@@ -269,4 +310,5 @@ int main(int argc, char** argv) {
   std::printf("bubble predicted vs measured: worst |error| %.3f\n", worst);
   ratios.print();
   activation_dominated();
+  stage_balance(reps, threads_step, true);
 }

@@ -116,6 +116,15 @@ PARTIR_ENTRY std::vector<std::vector<StageTask>> pipeline_tasks(const PipelineSc
     std::set<double> ends;  // every task's end, for the times a waiting device looks again
     auto done = [](double end, double t) { return end >= 0 && end <= t; };
     std::vector<char> waiting(static_cast<std::size_t>(p), 0);  // for a task another device has yet to decide
+    // When chunk c's next B can start: once its F and the next chunk's B of that microbatch have ended (-1: one of
+    // them is not decided yet, or every B has run).
+    auto b_ready = [&](int c) {
+      const auto cc = static_cast<std::size_t>(c);
+      if (next_b[cc] >= m) return -1.0;
+      const auto j = static_cast<std::size_t>(next_b[cc]);
+      const double f = forward_end[cc][j], after = c == stages - 1 ? 0 : backward_end[cc + 1][j];
+      return f < 0 || after < 0 ? -1.0 : std::max(f, after);
+    };
     // The device that is free first (of those with tasks left) decides next: no task that could make one of
     // its candidates ready by then is still undecided.
     for (;;) {
@@ -139,9 +148,7 @@ PARTIR_ENTRY std::vector<std::vector<StageTask>> pipeline_tasks(const PipelineSc
         for (int c : chunks_of[dd]) {
           const auto cc = static_cast<std::size_t>(c);
           std::optional<int> j;
-          if (phase == P::backward && next_b[cc] < m && done(forward_end[cc][static_cast<std::size_t>(next_b[cc])], t) &&
-              (c == stages - 1 || done(backward_end[cc + 1][static_cast<std::size_t>(next_b[cc])], t)))
-            j = next_b[cc];
+          if (phase == P::backward && done(b_ready(c), t)) j = next_b[cc];
           if (phase == P::forward && next_f[cc] < m && before_b[dd] < limit_b[dd] && held[dd] + 2 <= limit_w[dd] &&
               (c == 0 || done(forward_end[cc - 1][static_cast<std::size_t>(next_f[cc])], t)))
             j = next_f[cc];
@@ -153,16 +160,11 @@ PARTIR_ENTRY std::vector<std::vector<StageTask>> pipeline_tasks(const PipelineSc
       }
       // A W (the filler) must not delay a B already on its way: wait for that B instead.
       if (best.phase == P::weight) {
-        double b_ready = -1;
-        for (int c : chunks_of[dd]) {
-          const auto cc = static_cast<std::size_t>(c);
-          if (next_b[cc] >= m) continue;
-          const double f = forward_end[cc][static_cast<std::size_t>(next_b[cc])];
-          const double after = c == stages - 1 ? 0 : backward_end[cc + 1][static_cast<std::size_t>(next_b[cc])];
-          if (f >= 0 && after >= 0 && (b_ready < 0 || std::max(f, after) < b_ready)) b_ready = std::max(f, after);
-        }
-        if (b_ready >= 0 && b_ready < t + cost(best.chunk, best.phase)) {
-          free_at[dd] = b_ready;
+        double first_b = -1;
+        for (int c : chunks_of[dd])
+          if (const double r = b_ready(c); r >= 0 && (first_b < 0 || r < first_b)) first_b = r;
+        if (first_b >= 0 && first_b < t + cost(best.chunk, best.phase)) {
+          free_at[dd] = first_b;
           continue;
         }
       }
