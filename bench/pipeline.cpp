@@ -46,6 +46,7 @@ const std::vector<p::PipelineSchedule> schedules{p::PipelineSchedule::gpipe, p::
 
 struct Run {
   double ms = 0, bubble = 0, predicted_bubble = 0, imbalance = 0, predicted_ms = 0;
+  std::vector<double> busy_ms;  // per stage, measured
   std::int64_t activations = 0, peak = 0;  // stage 0, measured
 };
 
@@ -73,14 +74,19 @@ bool runs(const p::PipelineSchedule& s, int stages, int m) {
   return s.chunks == 1 || s.v_shape || m % stages == 0;
 }
 
-// This device's bubble: the time it waited in recvs over the time it ran.
-double bubble_of(const p::SpmdProgram& spmd, const p::DeviceResult& d) {
-  double waited = 0, end = 0;
+// A device's step from its timeline: the time it waited in recvs, the time it ran anything else, its end.
+struct DeviceTimes {
+  double waited = 0, busy = 0, end = 0;
+  double bubble() const { return end > 0 ? waited / end : 0; }
+};
+DeviceTimes times_of(const p::SpmdProgram& spmd, const p::DeviceResult& d) {
+  DeviceTimes times;
   for (const auto& t : d.timeline) {
-    end = std::max(end, t.start + t.seconds);
-    if (const auto& c = spmd.op(t.value).collective; c && c->kind == p::CollectiveKind::recv) waited += t.seconds;
+    times.end = std::max(times.end, t.start + t.seconds);
+    const auto& c = spmd.op(t.value).collective;
+    (c && c->kind == p::CollectiveKind::recv ? times.waited : times.busy) += t.seconds;
   }
-  return end > 0 ? waited / end : 0;
+  return times;
 }
 
 double median(std::vector<double> v) {
@@ -107,10 +113,12 @@ p::NamedArrays random_state(const p::Program& step) {
   return state;
 }
 
-// One step as the devices ran it: its wall time, the bubble averaged over the devices, stage 0's peak.
+// One step as the devices ran it: its wall time, the bubble averaged over the devices, stage 0's peak, each
+// device's busy time.
 struct Step {
   double ms = 0, bubble = 0;
   std::int64_t stage_0_peak = 0;
+  std::vector<double> busy_ms;
 };
 
 // The median of `reps` steps of `spmd`, pipelined from `step` (after one that warms buffers and primitives up),
@@ -123,16 +131,20 @@ Run measure(const p::Program& step, const p::SpmdProgram& spmd, int reps, RunSte
   const p::NamedArrays state = random_state(step);
   const p::ExecutionPlan plan(spmd);
   std::vector<double> ms, bubbles;
+  std::vector<std::vector<double>> busy;
   for (int i = 0; i <= reps; ++i) {
     const Step s = run_step(plan, spmd, state);
     if (i == 0) continue;
     ms.push_back(s.ms);
     bubbles.push_back(s.bubble);
+    busy.resize(s.busy_ms.size());
+    for (std::size_t d = 0; d < s.busy_ms.size(); ++d) busy[d].push_back(s.busy_ms[d]);
     r.peak = std::max(r.peak, s.stage_0_peak);
     r.activations = std::max(r.activations, s.stage_0_peak - held);
   }
   r.ms = median(ms);
   r.bubble = median(bubbles);
+  for (const auto& b : busy) r.busy_ms.push_back(median(b));
   p::kernels::buffer_cache().clear();
   return r;
 }
@@ -140,8 +152,12 @@ Run measure(const p::Program& step, const p::SpmdProgram& spmd, int reps, RunSte
 Step threads_step(const p::ExecutionPlan& plan, const p::SpmdProgram& spmd, const p::NamedArrays& state) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto results = p::execute_on_threads(plan, state, {.timeline = true});
-  Step s{std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(), 0, results[0].peak_bytes};
-  for (const auto& d : results) s.bubble += bubble_of(spmd, d) / static_cast<double>(results.size());
+  Step s{std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(), 0, results[0].peak_bytes, {}};
+  for (const auto& d : results) {
+    const DeviceTimes times = times_of(spmd, d);
+    s.bubble += times.bubble() / static_cast<double>(results.size());
+    s.busy_ms.push_back(times.busy * 1e3);
+  }
   return s;
 }
 
@@ -152,32 +168,42 @@ Run measure(int stages, int m, const p::PipelineSchedule& schedule, int reps, Ru
 }
 
 // A head as costly as a few layers (vocabulary 4096): 1F1B on 2 stages, M = 8, the layers cut by predicted work
-// (the default) and in equal counts. Prints each cut's stages' predicted busy time, then
+// (the default) and in equal counts. Prints each cut's stages' busy time, predicted and measured, then
+//   by work/by count busiest stage (p=2, M=8, vocab 4096): predicted R, measured R
 //   by work/by count step (p=2, M=8, vocab 4096): predicted R, measured R
-// (2 stages: one device thread per core).
+// (2 stages: one device per core; the step's ratio moves with the machine's noise more than the busiest stage's).
 template <class RunStep>
 void stage_balance(int reps, RunStep run_step, bool print) {
   p::nn::GptConfig heavy_head = config;
   heavy_head.vocab = 4096;
   const p::Program step = gpt_step(heavy_head, 8);
   Run runs[2];
+  double busiest[2][2] = {};  // [cut][predicted, measured]
   int i = 0;
   for (const auto balance : {p::StageBalance::cost, p::StageBalance::layers}) {
     const p::Partitioned plan = p::partition(step, p::Mesh{{"stage", 2}}, {p::pipeline("stage", p::PipelineSchedule::one_f_one_b, {}, balance)});
     const p::SpmdProgram spmd = p::lower(plan);
-    Run& r = runs[i++] = measure(step, spmd, reps, run_step);
+    Run& r = runs[i] = measure(step, spmd, reps, run_step);
     if (!print) continue;
     std::printf("vocab 4096, stages by %s:", balance == p::StageBalance::cost ? "work " : "count");
     const auto& pp = *plan.state().pipeline();
     const p::Report report = predict(spmd, r);
-    for (std::size_t s = 0; s < report.stages.size(); ++s)
-      std::printf("  stage %zu (%s) busy %s", s, pp.cut[s].substr(0, pp.cut[s].find(',')).c_str(),
-                  p::human_seconds(report.stages[s].busy_seconds).c_str());
-    std::printf("; step predicted %.1f ms, measured %.1f ms\n", r.predicted_ms, r.ms);
+    for (std::size_t s = 0; s < report.stages.size(); ++s) {
+      const double predicted_ms = report.stages[s].busy_seconds * 1e3;
+      std::printf("  stage %zu (%s) busy %.1f ms, measured %.1f ms;", s, pp.cut[s].substr(0, pp.cut[s].find(',')).c_str(),
+                  predicted_ms, r.busy_ms.at(s));
+      busiest[i][0] = std::max(busiest[i][0], predicted_ms);
+      busiest[i][1] = std::max(busiest[i][1], r.busy_ms.at(s));
+    }
+    std::printf(" step %.1f ms, measured %.1f ms\n", r.predicted_ms, r.ms);
+    ++i;
   }
-  if (print)
+  if (print) {
+    std::printf("by work/by count busiest stage (p=2, M=8, vocab 4096): predicted %.2f, measured %.2f\n",
+                busiest[0][0] / busiest[1][0], busiest[0][1] / busiest[1][1]);
     std::printf("by work/by count step (p=2, M=8, vocab 4096): predicted %.2f, measured %.2f\n",
                 runs[0].predicted_ms / runs[1].predicted_ms, runs[0].ms / runs[1].ms);
+  }
 }
 
 void print_header(const char* backend) {
@@ -250,8 +276,11 @@ int run_mpi(int argc, char** argv, int reps) {
     world.barrier();
     const auto t0 = std::chrono::steady_clock::now();
     const p::DeviceResult d = p::execute(plan, world, state, {.timeline = true});
+    const DeviceTimes times = times_of(spmd, d);
     Step s{std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
-           bubble_of(spmd, d) / stages, root ? d.peak_bytes : 0};
+           times.bubble() / stages, root ? d.peak_bytes : 0, std::vector<double>(static_cast<std::size_t>(stages))};
+    const double busy_ms = times.busy * 1e3;
+    MPI_Gather(&busy_ms, 1, MPI_DOUBLE, s.busy_ms.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     MPI_Allreduce(MPI_IN_PLACE, &s.ms, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     MPI_Allreduce(MPI_IN_PLACE, &s.bubble, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     MPI_Allreduce(MPI_IN_PLACE, &s.stage_0_peak, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
