@@ -222,9 +222,10 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
     std::cout << "predicted (profile " << profile.name << ", --profile picks another): step "
               << p::human_seconds(predicted.step_seconds) << ", peak "
               << p::human_bytes(static_cast<double>(predicted.peak_bytes)) << " per device"
+              << (predicted.fits() ? "" : " (DOES NOT FIT in " + p::human_bytes(static_cast<double>(predicted.memory_capacity)) + ")")
               << (predicted.stages.empty() ? "" : ", pipeline bubble " + std::to_string(static_cast<int>(
                                                       100 * predicted.bubble_fraction + 0.5)) + "%")
-              << std::endl;
+              << ", MFU " << std::setprecision(3) << 100 * predicted.mfu() << "%" << std::endl;
   std::vector<double> step_ms, gpu_ms;  // gpu_ms: the GPU executor's ops alone, without host<->GPU copies
   std::int64_t peak = 0;
   double loss = 0;
@@ -316,7 +317,11 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
     const double measured_peak = *std::max_element(peaks.begin(), peaks.end());
     if (median_ms > 0)
       std::cout << "measured: step " << p::human_seconds(median_ms / 1e3) << " (median of " << sorted.size()
-                << "), peak " << p::human_bytes(measured_peak) << " (largest device); predicted/measured: time "
+                << "), MFU " << std::setprecision(3)
+                << (predicted.peak_flops > 0 ? 100 * predicted.model_flops / (median_ms / 1e3 * predicted.peak_flops) : 0)
+                << "% (of " << static_cast<long long>(predicted.peak_flops / 1e9) << " GFLOP/s, " << p::name_of(predicted.flops_dtype)
+                << "), peak "
+                << p::human_bytes(measured_peak) << " (largest device); predicted/measured: time "
                 << std::setprecision(3) << predicted.step_seconds * 1e3 / median_ms << ", memory "
                 << static_cast<double>(predicted.peak_bytes) / measured_peak << std::endl;
     if (!gpu_ms.empty()) {
@@ -336,7 +341,8 @@ Trained train(const p::Executable<C>& exe, const BatchFn& next_batch, const Loop
                            {"train_loss", losses}, {"learning_rate", rates}, {"validation", validations},
                            {"peak_bytes_per_device", peak_bytes},
                            {"predicted", {{"profile", profile.name}, {"step_ms", predicted.step_seconds * 1e3},
-                                          {"peak_bytes", predicted.peak_bytes}}},
+                                          {"peak_bytes", predicted.peak_bytes}, {"fits", predicted.fits()},
+                                          {"model_flops_per_device", predicted.model_flops}, {"mfu", predicted.mfu()}}},
                            {"collectives", collectives}});
       std::cout << "report written to " << o.report_file << std::endl;
     }

@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <limits>
+#include <sstream>
 
 using namespace partir;
 
@@ -277,6 +278,81 @@ TEST_CASE("cost model: collectives across hosts, in two levels where the mpi bac
   CHECK(far.communication_seconds > near.communication_seconds);
 }
 
+TEST_CASE("cluster profiles: an axis inside a node rides NVLink, across nodes InfiniBand, spanning both in two levels") {
+  using CK = CollectiveKind;
+  const HardwareProfile selene = HardwareProfile::builtin("a100-80gb-selene");
+  CHECK(selene.devices_per_host == 8);
+  CHECK(selene.memory_capacity == std::int64_t{80} << 30);
+  CHECK(selene.flops_per_second(DType::bf16) == 312e12);
+  const double S = 64 << 20, nvlink = 300e9, ib = 25e9;
+  // Megatron's placement, tensor parallelism last: each 'tensor' group is one node.
+  const Mesh tp_last{{"data", 2}, {"tensor", 8}};
+  CHECK(collective_seconds({CK::all_reduce, {"tensor"}}, tp_last, 9, S, selene) ==
+        doctest::Approx(2 * 7 * (5e-6 + S / 8 / nvlink)));
+  // 'data' pairs device d with d + 8, on the other node: one member per node, the ring between nodes.
+  CHECK(collective_seconds({CK::all_reduce, {"data"}}, tp_last, 3, S, selene) == doctest::Approx(2 * (1e-5 + S / 2 / ib)));
+  // All 16: within each node over the whole buffer, then between the nodes on an eighth of it.
+  CHECK(collective_seconds({CK::all_reduce, {"data", "tensor"}}, tp_last, 0, S, selene) ==
+        doctest::Approx(2 * 7 * (5e-6 + S / 8 / nvlink) + 2 * (1e-5 + S / 8 / 2 / ib)));
+  // Tensor parallelism first spreads each 'tensor' group over both nodes (4 on each): it costs more.
+  const Mesh tp_first{{"tensor", 8}, {"data", 2}};
+  CHECK(collective_seconds({CK::all_reduce, {"tensor"}}, tp_first, 0, S, selene) ==
+        doctest::Approx(2 * 3 * (5e-6 + S / 4 / nvlink) + 2 * (1e-5 + S / 4 / 2 / ib)));
+  CHECK(collective_seconds({CK::all_reduce, {"tensor"}}, tp_first, 0, S, selene) >
+        2 * collective_seconds({CK::all_reduce, {"tensor"}}, tp_last, 0, S, selene));
+  CHECK(HardwareProfile::builtin("h100-sxm").between_hosts.beta == doctest::Approx(1 / 50e9));
+  CHECK(HardwareProfile::builtin("h200").memory_capacity == std::int64_t{141} << 30);
+}
+
+TEST_CASE("report: model FLOPs count each GEMM once, hardware FLOPs add remat's; MFU against the dtype's peak; the fit verdict") {
+  const std::int64_t B = 16, D = 8, H = 32, N = 4;
+  nn::Mlp model{"params/mlp", {D, H, D}};
+  const Program step = train_step([&](Tensor x, Tensor y) { return mse(model(x), y); }, Adam{}, {{"x", {B, D}}, {"y", {B, D}}});
+  // Forward x W1 and h W2; backward dW2, dh and dW1 (no gradient of the data x): 2BDH each.
+  const double gemm_flops = 5 * 2.0 * B * D * H;
+  const HardwareProfile cpu = HardwareProfile::cpu();
+  const Report one = simulate(lower(partition(step, Mesh{{"batch", 1}}, {})), cpu);
+  CHECK(one.model_flops == gemm_flops);
+  CHECK(one.hardware_flops == gemm_flops);
+  CHECK(one.flops_dtype == DType::f32);
+  CHECK(one.peak_flops == 80e9);
+  CHECK(one.mfu() == doctest::Approx(gemm_flops / (one.step_seconds * 80e9)));
+  const Report dp = simulate(lower(partition(step, Mesh{{"batch", N}}, {data_parallel("batch")})), cpu);
+  CHECK(dp.model_flops == gemm_flops / N);  // per device
+  // bf16 compute: the bf16 peak.
+  const Program mixed = train_step([&](Tensor x, Tensor y) { return mse(model(x), y); }, Adam{}, {{"x", {B, D}}, {"y", {B, D}}},
+                                   MixedPrecision::with_compute(DType::bf16));
+  const Report half = simulate(lower(partition(mixed, Mesh{{"batch", 1}}, {})), cpu);
+  CHECK(half.flops_dtype == DType::bf16);
+  CHECK(half.peak_flops == 160e9);
+  CHECK(half.model_flops == gemm_flops);
+  // Remat recomputes the blocks' forward GEMMs: the hardware does them twice, the model once.
+  const nn::Gpt gpt{{.vocab = 32, .seq = 8, .d_model = 16, .heads = 2, .layers = 2}};
+  auto gpt_step = [&](Remat remat) {
+    return train_step([&](Tensor t, Tensor y) { return gpt.loss(t, y); }, Adam{},
+                      {{"tokens", {4, 8}, DType::i32}, {"targets", {4, 8}, DType::i32}}, StepOptions{.remat = remat});
+  };
+  const Report plain = simulate(lower(partition(gpt_step(Remat::none()), Mesh{{"batch", 2}}, {data_parallel("batch")})), cpu);
+  const Report remat = simulate(lower(partition(gpt_step(Remat::blocks()), Mesh{{"batch", 2}}, {data_parallel("batch")})), cpu);
+  CHECK(plain.hardware_flops == plain.model_flops);
+  CHECK(remat.model_flops == doctest::Approx(plain.model_flops));
+  CHECK(remat.hardware_flops > 1.2 * remat.model_flops);
+  CHECK(remat.hfu() > remat.mfu());
+  // The verdict flips where the peak meets the capacity.
+  HardwareProfile tight = cpu;
+  tight.memory_capacity = one.peak_bytes;
+  const SpmdProgram single = lower(partition(step, Mesh{{"batch", 1}}, {}));
+  CHECK(simulate(single, tight).fits());
+  tight.memory_capacity = one.peak_bytes - 1;
+  const Report over = simulate(single, tight);
+  CHECK(!over.fits());
+  std::ostringstream text;
+  text << over;
+  CHECK(text.str().find("DOES NOT FIT in") != std::string::npos);
+  CHECK(text.str().find("MFU ") != std::string::npos);
+  CHECK(over.to_json().dump().find("\"fits\":false") != std::string::npos);
+}
+
 TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
   for (const auto& name : HardwareProfile::builtin_names()) {
     const HardwareProfile hw = HardwareProfile::builtin(name);
@@ -303,7 +379,8 @@ TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
   std::remove(path.c_str());
   CHECK(HardwareProfile::named("h200-nvlink").memory_capacity == std::int64_t{141} << 30);
   CHECK_THROWS_WITH_AS(HardwareProfile::builtin("tpu"),
-                       "no built-in hardware profile 'tpu' (cpu, a100-nvlink, h100-nvlink, h200-nvlink)", UserError);
+                       "no built-in hardware profile 'tpu' (cpu, a100-nvlink, h100-nvlink, h200-nvlink, "
+                       "a100-80gb-selene, h100-sxm, h200)", UserError);
   CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(R"({"name": "x", "peak_flops": {"fp8": 1}})")),
                        "unknown dtype 'fp8' (expected f32, f64, i32, bf16 or f16)", UserError);
   CHECK_THROWS_WITH_AS(HardwareProfile::from_json(json::parse(R"({"name": "x", "peak_flops": {}})")),

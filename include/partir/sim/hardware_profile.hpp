@@ -198,13 +198,37 @@ struct HardwareProfile {
                       67e12, 34e12, 989e12, 4.8e12, 141, 450e9);
   }
 
-  static std::vector<std::string> builtin_names() { return {"cpu", "a100-nvlink", "h100-nvlink", "h200-nvlink"}; }
+  // Clusters of 8-GPU nodes (NVLink and NVSwitch inside, one InfiniBand NIC per GPU between nodes): device ids
+  // fill nodes in order and a mesh numbers its devices with the last axis fastest, so a mesh's last axes lie
+  // inside a node; put tensor parallelism last, as Megatron-LM does. alpha between nodes: ~10 us, an estimate
+  // of one inter-node ring step of NCCL's.
+  static HardwareProfile a100_selene() {
+    return cluster(a100_nvlink(), "a100-80gb-selene",
+                   "Selene (Narayanan et al. 2021, arXiv 2104.04473): DGX A100 80GB nodes of 8, 8 x 200 Gb/s HDR "
+                   "InfiniBand per node, 25 GB/s per GPU",
+                   25e9);
+  }
+  static HardwareProfile h100_sxm() {
+    return cluster(h100_nvlink(), "h100-sxm", "DGX H100 nodes of 8, 400 Gb/s NDR InfiniBand per GPU (50 GB/s)", 50e9);
+  }
+  static HardwareProfile h200() {
+    return cluster(h200_nvlink(), "h200", "HGX H200 nodes of 8, 400 Gb/s NDR InfiniBand per GPU (50 GB/s)", 50e9);
+  }
+
+  static std::vector<std::string> builtin_names() {
+    return {"cpu", "a100-nvlink", "h100-nvlink", "h200-nvlink", "a100-80gb-selene", "h100-sxm", "h200"};
+  }
   static HardwareProfile builtin(std::string_view name) {
     if (name == "cpu") return cpu();
     if (name == "a100-nvlink") return a100_nvlink();
     if (name == "h100-nvlink") return h100_nvlink();
     if (name == "h200-nvlink") return h200_nvlink();
-    user_error("no built-in hardware profile '" + std::string(name) + "' (cpu, a100-nvlink, h100-nvlink, h200-nvlink)");
+    if (name == "a100-80gb-selene") return a100_selene();
+    if (name == "h100-sxm") return h100_sxm();
+    if (name == "h200") return h200();
+    std::string names;
+    for (const auto& n : builtin_names()) names += (names.empty() ? "" : ", ") + n;
+    user_error("no built-in hardware profile '" + std::string(name) + "' (" + names + ")");
   }
   // A built-in name or a JSON file.
   static HardwareProfile named(const std::string& name_or_path);
@@ -218,6 +242,13 @@ struct HardwareProfile {
   static std::vector<std::pair<double, double>> points(const json::Value& v, const std::string& what,
                                                        const std::string& point);
 
+  static HardwareProfile cluster(HardwareProfile gpu, std::string name, std::string nodes, double per_gpu) {
+    gpu.name = std::move(name);
+    gpu.source += "; " + nodes;
+    gpu.devices_per_host = 8;
+    gpu.between_hosts = {1e-5, 1 / per_gpu, {}};
+    return gpu;
+  }
   static HardwareProfile nvlink_gpu(std::string name, std::string source, double f32, double f64, double half,
                                     double hbm, std::int64_t gib, double nvlink) {
     return {.name = std::move(name),

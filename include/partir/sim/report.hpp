@@ -65,6 +65,10 @@ struct Report {
   bool overlap = false;     // communication on its own stream (SimulateOptions::overlap)
   double hidden_communication_seconds = 0;  // overlapped: compute + communication - step
   double flops = 0;         // per device
+  // Per device, GEMM and convolution FLOPs (what a peak is quoted for): the model's, remat's recomputation
+  // excluded, and the hardware's, included; the peak is the profile's for the dtype that carries most of them.
+  double model_flops = 0, hardware_flops = 0, peak_flops = 0;
+  DType flops_dtype = DType::f32;
   double wire_bytes = 0;    // per device, all collectives
   std::int64_t peak_bytes = 0;
   ValueId peak_at = -1;     // the op during which the peak occurs (-1: before the first op)
@@ -77,6 +81,12 @@ struct Report {
   // The fraction of the step a stage's devices spend waiting, averaged over stages (GPipe's and 1F1B's bubble
   // is (p - 1) / (M + p - 1) when stages take equal time).
   double bubble_fraction = 0;
+
+  // Model and hardware FLOPs utilization: the FLOPs over what the peak would do in the step (PaLM's MFU).
+  double mfu() const { return step_seconds > 0 && peak_flops > 0 ? model_flops / (step_seconds * peak_flops) : 0; }
+  double hfu() const { return step_seconds > 0 && peak_flops > 0 ? hardware_flops / (step_seconds * peak_flops) : 0; }
+  // The peak fits the device's memory (true where the profile does not know its capacity).
+  bool fits() const { return memory_capacity <= 0 || peak_bytes <= memory_capacity; }
 
   std::vector<const TimedOp*> collectives() const {
     std::vector<const TimedOp*> out;
@@ -141,8 +151,10 @@ PARTIR_ENTRY json::Value Report::to_json() const {
       {"step_seconds", step_seconds}, {"compute_seconds", compute_seconds},
       {"communication_seconds", communication_seconds}, {"hidden_communication_seconds", hidden_communication_seconds}, {"flops", flops}, {"wire_bytes", wire_bytes},
       {"collectives", collectives().size()},
+      {"utilization", {{"model_flops", model_flops}, {"hardware_flops", hardware_flops}, {"peak_flops", peak_flops},
+                       {"dtype", std::string(name_of(flops_dtype))}, {"mfu", mfu()}, {"hfu", hfu()}}},
       {"memory", {{"peak_bytes", peak_bytes}, {"peak_at", peak_at}, {"breakdown", breakdown}, {"inputs", resident},
-                  {"capacity", memory_capacity}}},
+                  {"capacity", memory_capacity}, {"fits", fits()}}},
       {"timeline", ops}};
   if (!stages.empty()) {
     json::Value list = json::Value::array();
@@ -169,11 +181,20 @@ PARTIR_ENTRY std::ostream& operator<<(std::ostream& os, const Report& r) {
                   human_seconds(r.step_seconds).c_str(), human_seconds(r.compute_seconds).c_str(),
                   human_seconds(r.communication_seconds).c_str(), r.flops / 1e9, human_bytes(r.wire_bytes).c_str());
   os << line;
+  if (r.peak_flops > 0 && r.hardware_flops > 0) {
+    std::snprintf(line, sizeof line, "  MFU %.1f%%, HFU %.1f%%: %.4g TFLOP of GEMMs (%.4g with recomputation) against %.4g TFLOP/s %s\n",
+                  100 * r.mfu(), 100 * r.hfu(), r.model_flops / 1e12, r.hardware_flops / 1e12, r.peak_flops / 1e12,
+                  std::string(name_of(r.flops_dtype)).c_str());
+    os << line;
+  }
   os << "  peak memory " << human_bytes(static_cast<double>(r.peak_bytes));
   if (r.peak_at >= 0) os << " during %" << r.peak_at;
-  if (r.memory_capacity > 0)
-    os << " (" << (r.peak_bytes <= r.memory_capacity ? "fits" : "DOES NOT FIT") << " in "
-       << human_bytes(static_cast<double>(r.memory_capacity)) << ")";
+  if (r.memory_capacity > 0) {
+    const double used = static_cast<double>(r.peak_bytes) / static_cast<double>(r.memory_capacity);
+    std::snprintf(line, sizeof line, " (%s in %s: %.0f%% of it)", r.fits() ? "fits" : "DOES NOT FIT",
+                  human_bytes(static_cast<double>(r.memory_capacity)).c_str(), 100 * used);
+    os << line;
+  }
   os << "\n";
   if (!r.stages.empty()) {
     std::snprintf(line, sizeof line, "  pipeline: %zu stages, bubble %.1f%%\n", r.stages.size(), 100 * r.bubble_fraction);

@@ -250,10 +250,36 @@ inline Report simulate_pipeline(const ExecutionPlan& plan, const HardwareProfile
   return r;
 }
 
+// Report's model and hardware FLOPs: every GEMM and convolution of the program once (a pipeline's over its
+// stages' devices), the ones remat recomputes in the hardware's only; the peak of the dtype they mostly run in.
+inline void count_gemm_flops(const SpmdProgram& p, const HardwareProfile& hw, Report& r) {
+  std::map<DType, double> by_dtype;
+  std::vector<TensorType> in;
+  for (ValueId v = 0; v < p.size(); ++v) {
+    const SpmdOp& s = p.op(v);
+    if (s.collective || (s.op.kind != OpKind::dot_general && s.op.kind != OpKind::convolution)) continue;
+    in.clear();
+    for (auto o : s.op.operands) in.push_back(p.type(o));
+    const double flops = local_work(s.op, in).flops;
+    r.hardware_flops += flops;
+    if (!s.recomputed) r.model_flops += flops;
+    by_dtype[in.front().dtype] += flops;
+  }
+  const double devices_per_op = p.pipeline() ? p.pipeline()->stages : 1;
+  r.model_flops /= devices_per_op;
+  r.hardware_flops /= devices_per_op;
+  for (const auto& [dtype, flops] : by_dtype)
+    if (flops > by_dtype[r.flops_dtype]) r.flops_dtype = dtype;
+  const auto peak = hw.peak_flops.find(r.flops_dtype);
+  r.peak_flops = peak == hw.peak_flops.end() ? 0 : peak->second;
+}
+
 }  // namespace detail
 
 PARTIR_ENTRY Report simulate(const ExecutionPlan& plan, const HardwareProfile& hw) {
-  return plan.program().pipeline() ? detail::simulate_pipeline(plan, hw) : detail::simulate_stage(plan.stages().front(), hw);
+  Report r = plan.program().pipeline() ? detail::simulate_pipeline(plan, hw) : detail::simulate_stage(plan.stages().front(), hw);
+  detail::count_gemm_flops(plan.program(), hw, r);
+  return r;
 }
 #endif
 

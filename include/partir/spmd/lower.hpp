@@ -52,9 +52,10 @@ class Lowering {
   explicit Lowering(const Partitioned& plan)
       : plan_(plan), prog_(plan.program()), mesh_(plan.mesh()), out_(prog_.name(), mesh_),
         local_(static_cast<std::size_t>(prog_.size()), -1), uses_(use_counts(prog_)),
-        users_(static_cast<std::size_t>(prog_.size())) {
+        users_(static_cast<std::size_t>(prog_.size())), recomputed_(static_cast<std::size_t>(prog_.size()), 0) {
     for (ValueId v = 0; v < prog_.size(); ++v)
       for (auto o : prog_.op(v).operands) users_[static_cast<std::size_t>(o)].push_back(v);
+    for (const auto& r : prog_.recomputes()) recomputed_[static_cast<std::size_t>(r.value)] = 1;
   }
 
   SpmdProgram run() {
@@ -92,7 +93,8 @@ class Lowering {
   ValueId emit(Op op, Sharding layout, std::optional<Collective> c = std::nullopt, AxisList row_shard = {}) {
     layouts_.push_back(std::move(layout));
     source_.push_back(current_);
-    return out_.add({std::move(op), std::move(c), std::move(row_shard), stage_});
+    return out_.add({std::move(op), std::move(c), std::move(row_shard), stage_,
+                     recomputed_[static_cast<std::size_t>(current_)] != 0});
   }
 
   // What is lowered next is global value v's (or an output of it): emitted ops run on v's stage.
@@ -681,6 +683,7 @@ class Lowering {
   ValueId current_ = -1;           // the global value being lowered
   int stage_ = -1;                 // its stage
   std::vector<ValueId> source_;    // per SPMD value: the global value whose lowering emitted it
+  std::vector<char> recomputed_;   // per global value: remat recomputes it
 };
 
 }  // namespace detail

@@ -69,6 +69,7 @@ struct SpmdOp {
   // [p * rows, (p + 1) * rows) of the global table; indices outside contribute zero (a partial sum).
   AxisList row_shard;
   int stage = -1;  // pipelined programs: the stage whose devices run it (-1: every device)
+  bool recomputed = false;  // remat's recomputation of a forward value: hardware FLOPs, not the model's
   // A collective that moves data between devices (all_slice copies this device's own tile).
   bool communicates() const { return collective && collective->kind != CollectiveKind::all_slice; }
   friend bool operator==(const SpmdOp&, const SpmdOp&) = default;
