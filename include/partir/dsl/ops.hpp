@@ -50,23 +50,24 @@ inline Tensor full_like(const Tensor& like, double value) {
   a.shape = like.shape();
   return detail::emit(like.program(), OpKind::broadcast_in_dim, {scalar.id()}, std::move(a));
 }
-// 0, 1, ..., n-1 along `dim` of `shape`.
-inline Tensor iota(Program& p, Shape shape, std::int64_t dim, DType dtype = DType::f32) {
-  if (dim < 0 || dim >= static_cast<std::int64_t>(shape.size()))
-    user_error("iota: dim " + std::to_string(dim) + " is out of range for shape " + to_string(shape));
-  std::vector<double> values(static_cast<std::size_t>(num_elements(shape)));
-  std::int64_t inner = 1;
-  for (std::size_t d = static_cast<std::size_t>(dim) + 1; d < shape.size(); ++d) inner *= shape[d];
-  for (std::size_t i = 0; i < values.size(); ++i)
-    values[i] = static_cast<double>((static_cast<std::int64_t>(i) / inner) % shape.at(static_cast<std::size_t>(dim)));
-  return constant(p, std::move(values), std::move(shape), dtype);
-}
-
 inline Tensor broadcast_in_dim(const Tensor& x, Shape shape, std::vector<std::int64_t> dims) {
   Attrs a;
   a.shape = std::move(shape);
   a.dims = std::move(dims);
   return detail::emit(x.program(), OpKind::broadcast_in_dim, {x.id()}, std::move(a));
+}
+
+// 0, 1, ..., n-1 along `dim` of `shape`.
+inline Tensor iota(Program& p, Shape shape, std::int64_t dim, DType dtype = DType::f32) {
+  if (dim < 0 || dim >= static_cast<std::int64_t>(shape.size()))
+    user_error("iota: dim " + std::to_string(dim) + " is out of range for shape " + to_string(shape));
+  // One line of values broadcast: a program never holds the whole array (a cross-entropy's one-hot over a
+  // 51,200-word vocabulary and a batch of 512 x 2048 would be a 200 GB constant).
+  const std::int64_t n = shape.at(static_cast<std::size_t>(dim));
+  std::vector<double> values(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<double>(i);
+  const Tensor line = constant(p, std::move(values), {n}, dtype);
+  return shape.size() == 1 ? line : broadcast_in_dim(line, std::move(shape), {dim});
 }
 
 // numpy broadcasting: dims align from the right; a size-1 or missing dim stretches.
