@@ -77,12 +77,14 @@ struct Attention {
 
   // 0 where query s may see key t (t <= s), a large negative number elsewhere, broadcast over the other dims
   // of scores of `shape` whose query and key dims are `dims`. Finite, so softmax never sees inf - inf.
-  static Tensor causal_mask(const Shape& shape, std::vector<std::int64_t> dims, const Tensor& like) {
+  // Computed from the positions (f32: exact), not held as an S x S constant: a 2048-token model's 24 masks
+  // would be 768 MB that every copy of the program copies. `shape` by value: adding ops may move the program's
+  // storage, which a reference to a value's shape points into.
+  static Tensor causal_mask(Shape shape, std::vector<std::int64_t> dims, const Tensor& like) {
     const std::int64_t S = shape[static_cast<std::size_t>(dims[0])];
-    std::vector<double> mask(static_cast<std::size_t>(S * S), 0.0);
-    for (std::int64_t s = 0; s < S; ++s)
-      for (std::int64_t t = s + 1; t < S; ++t) mask[static_cast<std::size_t>(s * S + t)] = -1e9;
-    return broadcast_in_dim(constant(like.program(), std::move(mask), {S, S}, like.dtype()), shape, std::move(dims));
+    const Tensor query = iota(like.program(), {S, S}, 0), key = iota(like.program(), {S, S}, 1);
+    const Tensor mask = convert(compare(key, query, CompareDir::gt), like.dtype()) * -1e9;
+    return broadcast_in_dim(mask, std::move(shape), std::move(dims));
   }
 };
 
