@@ -83,7 +83,7 @@ struct Attention {
   static Tensor causal_mask(Shape shape, std::vector<std::int64_t> dims, const Tensor& like) {
     const std::int64_t S = shape[static_cast<std::size_t>(dims[0])];
     const Tensor query = iota(like.program(), {S, S}, 0), key = iota(like.program(), {S, S}, 1);
-    const Tensor mask = convert(compare(key, query, CompareDir::gt), like.dtype()) * -1e9;
+    const Tensor mask = convert(compare(key, query, CompareDir::gt) * -1e9, like.dtype());  // 0 * -1e9 in f32, not f16's inf
     return broadcast_in_dim(mask, std::move(shape), std::move(dims));
   }
 };
