@@ -46,7 +46,7 @@ const std::vector<p::PipelineSchedule> schedules{p::PipelineSchedule::gpipe, p::
 
 struct Run {
   double ms = 0, bubble = 0, predicted_bubble = 0, imbalance = 0, predicted_ms = 0;
-  std::vector<double> busy_ms;  // per stage, measured
+  std::vector<double> busy_ms, predicted_busy_ms;  // per stage
   std::int64_t activations = 0, peak = 0;  // stage 0, measured
 };
 
@@ -57,9 +57,8 @@ p::Program gpt_step(const p::nn::GptConfig& c, int m) {
                        p::StepOptions{.microbatches = m});
 }
 
-p::SpmdProgram pipelined(const p::Program& step, int stages, const p::PipelineSchedule& schedule,
-                         p::StageBalance balance = p::StageBalance::cost) {
-  return p::lower(p::partition(step, p::Mesh{{"stage", stages}}, {p::pipeline("stage", schedule, {}, balance)}));
+p::SpmdProgram pipelined(const p::Program& step, int stages, const p::PipelineSchedule& schedule) {
+  return p::lower(p::partition(step, p::Mesh{{"stage", stages}}, {p::pipeline("stage", schedule)}));
 }
 
 // The state stage 0 holds for the whole step.
@@ -95,14 +94,16 @@ double median(std::vector<double> v) {
 }
 
 // Predicted figures of a pipelined program.
-p::Report predict(const p::SpmdProgram& spmd, Run& r) {
-  p::Report report = p::simulate(spmd, p::HardwareProfile::detect());
+void predict(const p::SpmdProgram& spmd, Run& r) {
+  const p::Report report = p::simulate(spmd, p::HardwareProfile::detect());
   r.predicted_bubble = report.bubble_fraction;
   double most = 0, least = 1e300;
-  for (const auto& st : report.stages) most = std::max(most, st.busy_seconds), least = std::min(least, st.busy_seconds);
+  for (const auto& st : report.stages) {
+    most = std::max(most, st.busy_seconds), least = std::min(least, st.busy_seconds);
+    r.predicted_busy_ms.push_back(st.busy_seconds * 1e3);
+  }
   r.imbalance = most / least;
   r.predicted_ms = report.step_seconds * 1e3;
-  return report;
 }
 
 p::NamedArrays random_state(const p::Program& step) {
@@ -179,24 +180,22 @@ void stage_balance(int reps, RunStep run_step, bool print) {
   const p::Program step = gpt_step(heavy_head, 8);
   Run runs[2];
   double busiest[2][2] = {};  // [cut][predicted, measured]
-  int i = 0;
-  for (const auto balance : {p::StageBalance::cost, p::StageBalance::layers}) {
+  for (int i = 0; i < 2; ++i) {
+    const auto balance = i == 0 ? p::StageBalance::cost : p::StageBalance::layers;
     const p::Partitioned plan = p::partition(step, p::Mesh{{"stage", 2}}, {p::pipeline("stage", p::PipelineSchedule::one_f_one_b, {}, balance)});
     const p::SpmdProgram spmd = p::lower(plan);
     Run& r = runs[i] = measure(step, spmd, reps, run_step);
     if (!print) continue;
     std::printf("vocab 4096, stages by %s:", balance == p::StageBalance::cost ? "work " : "count");
     const auto& pp = *plan.state().pipeline();
-    const p::Report report = predict(spmd, r);
-    for (std::size_t s = 0; s < report.stages.size(); ++s) {
-      const double predicted_ms = report.stages[s].busy_seconds * 1e3;
+    for (std::size_t s = 0; s < r.predicted_busy_ms.size(); ++s) {
+      const double predicted_ms = r.predicted_busy_ms[s];
       std::printf("  stage %zu (%s) busy %.1f ms, measured %.1f ms;", s, pp.cut[s].substr(0, pp.cut[s].find(',')).c_str(),
                   predicted_ms, r.busy_ms.at(s));
       busiest[i][0] = std::max(busiest[i][0], predicted_ms);
       busiest[i][1] = std::max(busiest[i][1], r.busy_ms.at(s));
     }
     std::printf(" step %.1f ms, measured %.1f ms\n", r.predicted_ms, r.ms);
-    ++i;
   }
   if (print) {
     std::printf("by work/by count busiest stage (p=2, M=8, vocab 4096): predicted %.2f, measured %.2f\n",
