@@ -353,6 +353,54 @@ TEST_CASE("report: model FLOPs count each GEMM once, hardware FLOPs add remat's;
   CHECK(over.to_json().dump().find("\"fits\":false") != std::string::npos);
 }
 
+TEST_CASE("simulate_repeated: one microbatch's tasks replayed predict the step the unrolled program simulates") {
+  // A GPT in bf16 with remat, 2 data x 2 pipeline stages, 2 sequences a microbatch. The step of M microbatches
+  // simulated from a program of 3 against the program of M: time, bubble, bytes, FLOPs; memory in the band the
+  // replay's model holds (each stage's peak plus what more microbatches hold).
+  const nn::Gpt gpt{{.vocab = 64, .seq = 16, .d_model = 32, .heads = 2, .layers = 4}};
+  auto spmd = [&](int m, const char* schedule) {
+    const Program step = train_step([&](Tensor t, Tensor y) { return gpt.loss(t, y); }, Adam{},
+                                    {{"tokens", {4 * m, 16}, DType::i32}, {"targets", {4 * m, 16}, DType::i32}},
+                                    StepOptions{.precision = MixedPrecision::with_compute(DType::bf16),
+                                                .remat = Remat::blocks(), .microbatches = m});
+    return lower(partition(step, Mesh{{"batch", 2}, {"stage", 2}}, parse_schedule(schedule)));
+  };
+  const HardwareProfile hw = HardwareProfile::builtin("a100-80gb-selene");
+  for (const char* schedule : {"bp,pp", "bp,pp:gpipe", "bp,pp:zb1"}) {
+    const SpmdProgram three = spmd(3, schedule);
+    for (int m : {3, 8}) {
+      CAPTURE(std::string(schedule));
+      CAPTURE(m);
+      const Report unrolled = simulate(spmd(m, schedule), hw, {.donate_state = true});
+      const Report repeated = simulate_repeated(three, hw, m, {.donate_state = true});
+      CHECK(repeated.step_seconds == doctest::Approx(unrolled.step_seconds).epsilon(0.03));
+      CHECK(std::abs(repeated.bubble_fraction - unrolled.bubble_fraction) < 0.03);
+      CHECK(repeated.wire_bytes == doctest::Approx(unrolled.wire_bytes));  // gradients reduced once a step
+      CHECK(repeated.model_flops == doctest::Approx(unrolled.model_flops));
+      CHECK(repeated.hardware_flops == doctest::Approx(unrolled.hardware_flops));
+      CHECK(repeated.flops_dtype == DType::bf16);
+      CHECK(static_cast<double>(repeated.peak_bytes) == doctest::Approx(static_cast<double>(unrolled.peak_bytes)).epsilon(0.05));
+      for (std::size_t s = 0; s < 2; ++s)
+        CHECK(repeated.stages[s].busy_seconds == doctest::Approx(unrolled.stages[s].busy_seconds).epsilon(0.03));
+    }
+  }
+  // The accumulated gradients are widened, summed and reduced once: M microbatches move the bytes of 2 in f32.
+  CHECK(simulate(spmd(8, "bp,pp"), hw).wire_bytes == doctest::Approx(simulate(spmd(2, "bp,pp"), hw).wire_bytes));
+  CHECK_THROWS_WITH_AS(simulate_repeated(lower(partition(train_step([&](Tensor t, Tensor y) { return gpt.loss(t, y); }, Adam{},
+                                                                    {{"tokens", {4, 16}, DType::i32}, {"targets", {4, 16}, DType::i32}}),
+                                                         Mesh{{"batch", 2}}, {data_parallel("batch")})),
+                                         hw, 8),
+                       "simulate_repeated: program 'train_step' is not pipelined (a step without stages is its one "
+                       "microbatch pass; simulate it)",
+                       UserError);
+  CHECK_THROWS_WITH_AS(simulate_repeated(spmd(3, "bp,pp"), hw, 0),
+                       "simulate_repeated: 0 microbatches (a step runs at least 1)", UserError);
+  CHECK_THROWS_WITH_AS(simulate_repeated(spmd(2, "bp,pp"), hw, 8),
+                       "simulate_repeated: program 'train_step' runs 2 microbatches; it needs 3 or more (a microbatch "
+                       "between two others stands for each)",
+                       UserError);
+}
+
 TEST_CASE("hardware profile: JSON round trip, files, built-ins") {
   for (const auto& name : HardwareProfile::builtin_names()) {
     const HardwareProfile hw = HardwareProfile::builtin(name);

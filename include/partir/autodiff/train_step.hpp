@@ -227,19 +227,21 @@ PARTIR_ENTRY Program build_train_step(const LossOfInputs& loss_fn, const Optimiz
   auto grads = backward(loss, 0);
   if (m > 1) {
     // Each microbatch's backward pass follows its forward pass, so one microbatch's activations live at a
-    // time; the mean of the microbatch means is the batch's mean. add_n keeps partial gradients partial:
-    // data parallelism reduces each gradient once per step, not once per microbatch.
+    // time; the mean of the microbatch means is the batch's mean. Each gradient has one running sum (Megatron's
+    // main_grad), added to at the end of each microbatch's backward pass, so one microbatch's gradient lives
+    // beside it, not all m. add_n keeps partial gradients partial, and widened ones too
+    // (widens_into_accumulation): data parallelism reduces each gradient once per step, not once per microbatch.
     std::vector<Tensor> losses{loss};
-    std::vector<std::vector<Tensor>> parts(params.size());
-    for (std::size_t i = 0; i < params.size(); ++i) parts[i].push_back(Tensor{p, grads[i]});
+    std::vector<Tensor> sums;
+    for (auto g : grads) sums.push_back(Tensor{p, g});
     for (int j = 1; j < m; ++j) {
       losses.push_back(trace_loss(j));
       const auto more = backward(losses.back(), j);
-      for (std::size_t i = 0; i < params.size(); ++i) parts[i].push_back(Tensor{p, more[i]});
+      for (std::size_t i = 0; i < params.size(); ++i) sums[i] = add_n({sums[i], Tensor{p, more[i]}});
     }
     p.begin_segment({static_cast<ValueId>(p.size()), 0, Segment::Pass::update});
     loss = add_n(losses) * (1.0 / m);
-    for (std::size_t i = 0; i < params.size(); ++i) grads[i] = (add_n(parts[i]) * (1.0 / m)).id();
+    for (std::size_t i = 0; i < params.size(); ++i) grads[i] = (sums[i] * (1.0 / m)).id();
   }
   if (m == 1) p.begin_segment({static_cast<ValueId>(p.size()), 0, Segment::Pass::update});
   if (scaler) grads = scaler->unscale(p, grads);

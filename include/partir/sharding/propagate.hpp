@@ -221,6 +221,14 @@ class PartitionState {
           if (u.empty() || u.back() != static_cast<int>(n)) u.push_back(static_cast<int>(n));
         }
       }
+      std::vector<ValueId> op_users;  // the ops reading v, once each
+      for (ValueId v = 0; v < p.size(); ++v) {
+        if (p.op(v).kind != OpKind::convert) continue;
+        op_users.clear();
+        for (int n : users[static_cast<std::size_t>(v)])
+          if (n != v && n < p.size()) op_users.push_back(n);
+        nodes[static_cast<std::size_t>(v)].rule = rule_for(p, v, op_users);
+      }
     }
   };
 

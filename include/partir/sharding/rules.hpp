@@ -190,7 +190,8 @@ PARTIR_ENTRY OpRule rule_for(const Op& op, std::span<const TensorType> in) {
       case OpKind::neg: b.linear(PartialRule::sum, {true}); break;
       // Rounding to integers is not linear. Partial sums cross a float convert that does not widen, so that
       // they are reduced in the narrower dtype: a bf16 gradient widened for an f32 update is all-reduced in
-      // bf16 (half the bytes), an f32 value narrowed to bf16 is reduced after narrowing.
+      // bf16 (half the bytes), an f32 value narrowed to bf16 is reduced after narrowing (and see
+      // widens_into_accumulation: the microbatches' gradients are summed before they are reduced).
       case OpKind::convert:
         if (is_float(in[0].dtype) && is_float(op.type.dtype) && size_of(op.type.dtype) <= size_of(in[0].dtype))
           b.linear(PartialRule::sum, {true});
@@ -411,6 +412,32 @@ inline OpRule rule_for(const Program& p, ValueId v) {
   std::vector<TensorType> in;
   for (auto o : op.operands) in.push_back(p.type(o));
   return rule_for(op, in);
+}
+
+// A widening float convert keeps partial sums out (they are reduced before it, in the narrow dtype) except where
+// gradients accumulate (train_step's running sums over microbatches: add_n of widened gradients and earlier
+// sums): there the sum is widened first and reduced once after the last add_n, in the wide dtype, instead of once
+// per microbatch in the narrow one (M microbatches: 2/M of the bytes).
+inline bool widens_into_accumulation(const Program& p, ValueId v, std::span<const ValueId> users) {
+  auto widens = [&](ValueId x) {
+    const Op& op = p.op(x);
+    if (op.kind != OpKind::convert) return false;
+    const DType from = p.type(op.operands[0]).dtype, to = op.type.dtype;
+    return is_float(from) && is_float(to) && size_of(to) > size_of(from);
+  };
+  if (!widens(v) || users.size() != 1 || p.op(users[0]).kind != OpKind::add_n) return false;
+  const auto& summed = p.op(users[0]).operands;
+  return summed.size() > 1 &&
+         std::ranges::all_of(summed, [&](ValueId o) { return widens(o) || p.op(o).kind == OpKind::add_n; });
+}
+// rule_for(p, v), given v's users (the ops that read it, once each).
+inline OpRule rule_for(const Program& p, ValueId v, std::span<const ValueId> users) {
+  OpRule rule = rule_for(p, v);
+  if (widens_into_accumulation(p, v, users)) {
+    rule.partial = PartialRule::sum;
+    rule.linear = {true};
+  }
+  return rule;
 }
 
 // How the axes tiling one dim (given by their sizes, major to minor) fall on the dim's factors: they fill

@@ -526,7 +526,7 @@ class Lowering {
       return;
     }
 
-    const OpRule rule = rule_for(prog_, v);
+    const OpRule rule = rule_for(prog_, v, users_[static_cast<std::size_t>(v)]);
     std::vector<AxisList> factor_axes(rule.factors.size());
     Sharding got = Sharding::replicated(type.rank());  // what the local op will compute
     // Result factors present in no operand can be tiled only where each tile is computed alike (a

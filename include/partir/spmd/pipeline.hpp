@@ -26,16 +26,6 @@ namespace partir {
 PARTIR_ENTRY SpmdProgram cut_into_stages(SpmdProgram lowered, const std::vector<ValueId>& source, const Program& prog,
                                          const PipelineStages& stages);
 
-// A stage's unit of work: microbatch j's forward pass through one virtual stage, its backward pass (where the
-// schedule splits it, B alone: what the input gradient needs), its weight gradients (W), or the update.
-struct StageTask {
-  enum class Phase : std::uint8_t { forward, backward, weight, update };
-  int chunk = 0;  // the virtual stage
-  Phase phase = Phase::forward;
-  int microbatch = 0;
-  friend auto operator<=>(const StageTask&, const StageTask&) = default;
-};
-
 // Each device's tasks in the order it runs them, for p devices and m microbatches. GPipe, 1F1B and
 // Megatron-LM's interleaved 1F1B by their definitions; the zero-bubble schedules by list scheduling their task
 // graph over each virtual stage's task costs (unit costs where none are given): the device that is free first
@@ -337,6 +327,7 @@ class StageCutter {
     for (int t : needs_[static_cast<std::size_t>(v)]) {
       const int send = send_of(v, t);
       nodes_[static_cast<std::size_t>(send)].op.op.operands = {node};
+      nodes_[static_cast<std::size_t>(send)].op.task = current_;
       place(s, send);
     }
   }
@@ -351,6 +342,7 @@ class StageCutter {
       Node node{in_.op(v), s, v};
       for (auto& o : node.op.op.operands) o = on(s, o);
       node.op.stage = s;
+      node.op.task = current_;
       slot = add(std::move(node));
       place(s, slot);
       send_everywhere(s, v, slot);
@@ -362,6 +354,7 @@ class StageCutter {
              Collective{CollectiveKind::recv, {st_.axis}, -1, -1, reason(v, stage(v), s), stage(v),
                         nodes_[static_cast<std::size_t>(send)].op.collective->tag},
              {}, s};
+    r.task = current_;
     slot = add({std::move(r), s, v});
     place(s, slot);
     return slot;
@@ -378,6 +371,7 @@ class StageCutter {
   }
 
   void sequence(int s) {
+    current_ = {0, StageTask::Phase::update, 0};
     // A stage's state inputs that other stages read (a tied embedding) go out first.
     for (const auto& b : in_.inputs())
       if (stage(b.value) == s) send_everywhere(s, b.value, on(s, b.value));
@@ -387,11 +381,13 @@ class StageCutter {
     for (const auto& t : order_of_tasks_[static_cast<std::size_t>(s)]) {
       auto it = by_task.find(t);
       if (it == by_task.end()) continue;
+      current_ = t;
       for (ValueId v : it->second) on(s, v);
       by_task.erase(it);
     }
     if (!by_task.empty())
       internal_error("pipeline: stage " + std::to_string(s) + " has ops of a task its schedule does not run");
+    current_ = {0, StageTask::Phase::update, 0};
     for (auto i : outputs_on_[s]) on(s, in_.outputs()[static_cast<std::size_t>(i)].value);
   }
 
@@ -456,6 +452,7 @@ class StageCutter {
   std::map<std::pair<ValueId, int>, int> sends_;
   int microbatches_ = 1;
   std::vector<std::vector<StageTask>> order_of_tasks_;  // per stage
+  StageTask current_;  // the task being sequenced: its ops, sends and recvs are marked with it
 };
 
 }  // namespace detail

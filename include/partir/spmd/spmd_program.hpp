@@ -60,6 +60,16 @@ struct Collective {
   friend bool operator==(const Collective&, const Collective&) = default;
 };
 
+// A stage's unit of work: microbatch j's forward pass through one virtual stage, its backward pass (where the
+// schedule splits it, B alone: what the input gradient needs), its weight gradients (W), or the update.
+struct StageTask {
+  enum class Phase : std::uint8_t { forward, backward, weight, update };
+  int chunk = 0;  // the virtual stage
+  Phase phase = Phase::forward;
+  int microbatch = 0;
+  friend auto operator<=>(const StageTask&, const StageTask&) = default;
+};
+
 // One instruction: a local computation (op.kind, attrs and types are per device) or, when `collective` is
 // set, that collective of op.operands[0] with result type op.type (op.kind is then meaningless).
 struct SpmdOp {
@@ -70,6 +80,7 @@ struct SpmdOp {
   AxisList row_shard;
   int stage = -1;  // pipelined programs: the stage whose devices run it (-1: every device)
   bool recomputed = false;  // remat's recomputation of a forward value: hardware FLOPs, not the model's
+  StageTask task;  // pipelined programs: the task of the schedule it belongs to (spmd/pipeline.hpp)
   // A collective that moves data between devices (all_slice copies this device's own tile).
   bool communicates() const { return collective && collective->kind != CollectiveKind::all_slice; }
   friend bool operator==(const SpmdOp&, const SpmdOp&) = default;
