@@ -61,8 +61,10 @@ Planned plan(const Row& r, const p::HardwareProfile& hw, std::int64_t microbatch
   const std::int64_t dp = r.gpus / (r.tp * r.pp), per_pipeline = r.batch / dp;
   if (r.pp > 1 && microbatch_size == 0) microbatch_size = 1;
   const int microbatches = microbatch_size > 0 ? static_cast<int>(per_pipeline / microbatch_size) : 1;
-  // A pipelined row is planned with 3 microbatches and replayed with all of them.
-  const int built = r.pp > 1 ? 3 : microbatches;
+  // A pipelined row is planned with 3 microbatches (interleaved on 2 stages: 4, which they divide) and replayed
+  // with all of them.
+  const bool interleaved = r.pp > 1 && (r.layers / r.pp) % 2 == 0;
+  const int built = r.pp == 1 ? microbatches : interleaved && r.pp == 2 ? 4 : 3;
   const std::int64_t batch = r.pp > 1 ? dp * microbatch_size * built : r.batch;
   const p::nn::Gpt model{{.vocab = vocab, .seq = seq, .d_model = r.hidden, .heads = r.heads, .layers = r.layers}};
   const p::Program step = p::train_step(
@@ -73,7 +75,7 @@ Planned plan(const Row& r, const p::HardwareProfile& hw, std::int64_t microbatch
   // Tensor parallelism last: inside a node; the pipeline's stages across nodes.
   const p::Mesh mesh = r.pp > 1 ? p::Mesh{{"batch", dp}, {"stage", r.pp}, {"model", r.tp}} : p::Mesh{{"batch", dp}, {"model", r.tp}};
   std::string schedule = r.tp > 1 ? "bp,mp" : "bp";
-  if (r.pp > 1) schedule += (r.layers / r.pp) % 2 == 0 ? ",pp:interleaved:2" : ",pp";
+  if (r.pp > 1) schedule += interleaved ? ",pp:interleaved:2" : ",pp";
   const p::SpmdProgram spmd = p::lower(p::partition(step, mesh, p::parse_schedule(schedule)));
   Planned out{r.pp > 1 ? p::simulate_repeated(spmd, hw, microbatches, {.donate_state = true})
                        : p::simulate(spmd, hw, {.donate_state = true}),

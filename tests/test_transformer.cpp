@@ -1062,6 +1062,11 @@ TEST_CASE("pipeline: interleaved, zb1 and zbv steps equal the single-device accu
   const Program recipe = train_with(c, {.clip_norm = 0.5, .remat = Remat::blocks(), .microbatches = 2});
   check_plans(recipe, {{"pp:zb1,bp 2x2", Mesh{{"stage", 2}, {"batch", 2}}, parse_schedule("pp:zb1,bp")},
                        {"pp:interleaved:2 2", line2, parse_schedule("pp:interleaved:2")}}, c.vocab, 181);
+  // bf16 compute: a parameter's cast that the backward pass makes again is made by each stage that reads it (made
+  // on the parameter's chunk and read by a later chunk's backward pass, it made the stages wait on each other).
+  const Program mixed = train_with(c, {.precision = MixedPrecision::with_compute(DType::bf16), .microbatches = 4});
+  // (Pipelining alone computes each value as one device does, so bf16 matches to f32 rounding.)
+  check_plans(mixed, {{"pp:interleaved:2 2 bf16", line2, parse_schedule("pp:interleaved:2")}}, c.vocab, 182);
 }
 
 namespace {

@@ -415,15 +415,19 @@ class StageCutter {
           progress = true;
         }
     }
+    std::string waits;  // each stuck stage: what it waits for, in which of its tasks
     for (std::size_t s = 0; s < order_.size(); ++s)
       if (next[s] < order_[s].size()) {
         const Node& waiting = nodes_[static_cast<std::size_t>(order_[s][next[s]])];
-        user_error(st_.tactic_label + ": the stages wait on each other: stage " + std::to_string(s) + " waits for " +
-                   prog_.label(source_[static_cast<std::size_t>(waiting.of)]) + " from stage " +
-                   std::to_string(waiting.op.collective->peer) +
-                   ", which that stage makes only after it has what stage " + std::to_string(s) +
-                   " makes later (a stage boundary inside a value the schedule needs whole; assign the stages in model order)");
+        const StageTask& t = waiting.op.task;
+        waits += (waits.empty() ? "" : "; ") + std::string("stage ") + std::to_string(s) + " waits for " +
+                 prog_.label(source_[static_cast<std::size_t>(waiting.of)]) + " from stage " +
+                 std::to_string(waiting.op.collective->peer) + " in its " + "FBWU"[static_cast<int>(t.phase)] +
+                 " of chunk " + std::to_string(t.chunk) + ", microbatch " + std::to_string(t.microbatch);
       }
+    if (!waits.empty())
+      user_error(st_.tactic_label + ": the stages wait on each other: " + waits +
+                 " (a stage boundary inside a value the schedule needs whole; assign the stages in model order)");
     for (Binding b : in_.inputs()) {
       b.value = id[static_cast<std::size_t>(inputs_.at(b.value))];
       out.add_input(std::move(b));

@@ -24,7 +24,10 @@
 //  - a value of the backward pass (the VJP of forward value f): f's stage, where f's operands are;
 //  - a value computed from gradients (accumulation, clipping, the update): the stage holding most of its
 //    operands' bytes (ties: the later stage), so a parameter's update stays with the parameter;
-//  - a value remat recomputes: its original's stage; optimizer state: the stage of the ops that read it.
+//  - a value remat recomputes: its original's stage, but a cheap one (a parameter's cast, made from inputs alone)
+//    none: each stage that reads it computes its own (one made on the parameter's stage and read by another
+//    stage's backward pass would make that stage wait for a later task of the first); optimizer state: the stage
+//    of the ops that read it.
 #include <charconv>
 #include <climits>
 #include <set>
@@ -273,7 +276,11 @@ struct Pipeline {
   static void assign_values(const Program& prog, std::vector<int>& stage) {
     const auto n = static_cast<std::size_t>(prog.size());
     std::vector<ValueId> original(n, -1);
-    for (const auto& r : prog.recomputes()) original[static_cast<std::size_t>(r.value)] = r.original;
+    std::vector<char> cheap(n, 0);
+    for (const auto& r : prog.recomputes()) {
+      original[static_cast<std::size_t>(r.value)] = r.original;
+      cheap[static_cast<std::size_t>(r.value)] = r.policy == "cheap";
+    }
     std::vector<char> from_gradients(n, 0);
     auto staged_bytes = [&](const Op& op) {
       std::map<int, std::int64_t> bytes;  // per stage, of the staged operands
@@ -295,7 +302,7 @@ struct Pipeline {
     for (ValueId v = 0; v < prog.size(); ++v) {
       const auto i = static_cast<std::size_t>(v);
       const ValueId of = prog.vjp_of(v);
-      if (original[i] >= 0) stage[i] = stage[static_cast<std::size_t>(original[i])];
+      if (original[i] >= 0) stage[i] = cheap[i] ? -1 : stage[static_cast<std::size_t>(original[i])];
       if (!from_gradients[i]) continue;
       if (of >= 0 && stage[static_cast<std::size_t>(of)] >= 0) {
         stage[i] = stage[static_cast<std::size_t>(of)];
