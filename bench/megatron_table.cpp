@@ -9,8 +9,8 @@
 //
 // The rows with pipeline parallelism (PP > 1) run 24-512 microbatches a step (of `--microbatch-size`, default 1,
 // sequences): each is planned as a step of 3 microbatches and simulated with simulate_repeated, which replays the
-// schedule's tasks for all of them (Megatron-LM's interleaved schedule with 2 chunks per device where the layers
-// per stage are even, else 1F1B; stages cut by predicted work).
+// schedule's tasks for all of them (Megatron-LM's interleaved schedule, 2 or 3 chunks per device; stages cut by
+// predicted work).
 //
 // `--gemm-efficiency F` (default 1: the datasheet's peak) sets the profile's GEMM curve flat at F; the figure that
 // makes the first row's prediction meet its published throughput is printed last (an estimate: the GEMMs' share
@@ -61,10 +61,12 @@ Planned plan(const Row& r, const p::HardwareProfile& hw, std::int64_t microbatch
   const std::int64_t dp = r.gpus / (r.tp * r.pp), per_pipeline = r.batch / dp;
   if (r.pp > 1 && microbatch_size == 0) microbatch_size = 1;
   const int microbatches = microbatch_size > 0 ? static_cast<int>(per_pipeline / microbatch_size) : 1;
-  // A pipelined row is planned with 3 microbatches (interleaved on 2 stages: 4, which they divide) and replayed
+  // Megatron-LM's interleaved schedule, each device's layers in as few chunks as divide them (2, or 3); a
+  // pipelined row is planned with 3 microbatches (interleaved on 2 stages: 4, which they divide) and replayed
   // with all of them.
-  const bool interleaved = r.pp > 1 && (r.layers / r.pp) % 2 == 0;
-  const int built = r.pp == 1 ? microbatches : interleaved && r.pp == 2 ? 4 : 3;
+  const std::int64_t per_stage = r.layers / r.pp;
+  const int chunks = r.pp == 1 ? 1 : per_stage % 2 == 0 ? 2 : per_stage % 3 == 0 ? 3 : 1;
+  const int built = r.pp == 1 ? microbatches : chunks > 1 && r.pp == 2 ? 4 : 3;
   const std::int64_t batch = r.pp > 1 ? dp * microbatch_size * built : r.batch;
   const p::nn::Gpt model{{.vocab = vocab, .seq = seq, .d_model = r.hidden, .heads = r.heads, .layers = r.layers}};
   const p::Program step = p::train_step(
@@ -75,7 +77,7 @@ Planned plan(const Row& r, const p::HardwareProfile& hw, std::int64_t microbatch
   // Tensor parallelism last: inside a node; the pipeline's stages across nodes.
   const p::Mesh mesh = r.pp > 1 ? p::Mesh{{"batch", dp}, {"stage", r.pp}, {"model", r.tp}} : p::Mesh{{"batch", dp}, {"model", r.tp}};
   std::string schedule = r.tp > 1 ? "bp,mp" : "bp";
-  if (r.pp > 1) schedule += interleaved ? ",pp:interleaved:2" : ",pp";
+  if (r.pp > 1) schedule += chunks > 1 ? ",pp:interleaved:" + std::to_string(chunks) : ",pp";
   const p::SpmdProgram spmd = p::lower(p::partition(step, mesh, p::parse_schedule(schedule)));
   Planned out{r.pp > 1 ? p::simulate_repeated(spmd, hw, microbatches, {.donate_state = true})
                        : p::simulate(spmd, hw, {.donate_state = true}),

@@ -24,10 +24,10 @@
 //  - a value of the backward pass (the VJP of forward value f): f's stage, where f's operands are;
 //  - a value computed from gradients (accumulation, clipping, the update): the stage holding most of its
 //    operands' bytes (ties: the later stage), so a parameter's update stays with the parameter;
-//  - a value remat recomputes: its original's stage, but a cheap one (a parameter's cast, made from inputs alone)
-//    none: each stage that reads it computes its own (one made on the parameter's stage and read by another
-//    stage's backward pass would make that stage wait for a later task of the first); optimizer state: the stage
-//    of the ops that read it.
+//  - a value remat recomputes: its original's stage, or a later stage that reads it (the backward pass runs the
+//    later stage first: made on the earlier one, it would make the later stage wait for a later task); a cheap one
+//    (a parameter's cast, made from inputs alone) none: each stage that reads it computes its own;
+//  - optimizer state: the stage of the ops that read it.
 #include <charconv>
 #include <climits>
 #include <set>
@@ -315,12 +315,17 @@ struct Pipeline {
         if (it->second >= most->second) most = it;
       stage[i] = most->first;
     }
-    // Optimizer state (and any other stateful input) lives where it is read: the first stage among its users'
-    // (through the stage-less ops between them).
-    std::vector<int> used_on(n, -1);
     std::vector<std::vector<ValueId>> users(n);
     for (ValueId v = 0; v < prog.size(); ++v)
       for (ValueId o : prog.op(v).operands) users[static_cast<std::size_t>(o)].push_back(v);
+    // A recomputed value whose readers lie on a later stage (a remat block across a stage boundary) is made there:
+    // the backward pass runs the later stage first, and would wait for the earlier stage's later task.
+    for (auto v = n; v-- > 0;)
+      if (original[v] >= 0 && !cheap[v])
+        for (ValueId u : users[v]) stage[v] = std::max(stage[v], stage[static_cast<std::size_t>(u)]);
+    // Optimizer state (and any other stateful input) lives where it is read: the first stage among its users'
+    // (through the stage-less ops between them).
+    std::vector<int> used_on(n, -1);
     for (auto v = n; v-- > 0;) {
       if (stage[v] >= 0 && prog.op(static_cast<ValueId>(v)).kind != OpKind::input) {
         used_on[v] = stage[v];
