@@ -1,7 +1,7 @@
 // Megatron-LM's Table 1 (Narayanan et al. 2021, arXiv 2104.04473: GPT on Selene, DGX A100 80 GB, mixed precision,
 // sequence 2048, vocabulary 51,200, activation recomputation) predicted by simulation: each row's GPT built with
-// partir's own model at the paper's sizes, partitioned by partir's tactics for its data (bp) and tensor (mp)
-// parallelism, tensor parallelism inside a node, lowered and simulated on `a100-80gb-selene`. Per row: the
+// partir's own model at the paper's sizes, partitioned by partir's tactics for its data (bp), tensor (mp) and
+// pipeline (pp) parallelism, tensor parallelism inside a node, lowered and simulated on `a100-80gb-selene`. Per row: the
 // predicted throughput per GPU counted as the paper counts it (F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) FLOPs per
 // iteration, over the predicted step and the GPU count), the published one and the error; partir's own MFU and
 // HFU (its GEMM FLOPs, remat's recomputation out and in); the predicted peak memory per GPU against 80 GB; and the
@@ -9,8 +9,8 @@
 //
 // The rows with pipeline parallelism (PP > 1) run 24-512 microbatches a step (of `--microbatch-size`, default 1,
 // sequences): each is planned as a step of 3 microbatches and simulated with simulate_repeated, which replays the
-// schedule's tasks for all of them (Megatron-LM's interleaved schedule, 2 or 3 chunks per device; stages cut by
-// predicted work).
+// schedule's tasks for all of them (examples/cluster_plan.hpp; Megatron-LM's interleaved schedule, 2 or 3 chunks
+// per device; stages cut by predicted work).
 //
 // `--gemm-efficiency F` (default 1: the datasheet's peak) sets the profile's GEMM curve flat at F; the figure that
 // makes the first row's prediction meet its published throughput is printed last (an estimate: the GEMMs' share
@@ -18,11 +18,11 @@
 // usage: megatron_table [--gemm-efficiency F] [--microbatch-size N]
 #include <partir/partir.hpp>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 
 #include "../examples/cli.hpp"
+#include "../examples/cluster_plan.hpp"
 
 namespace p = partir;
 
@@ -50,40 +50,21 @@ double paper_flops(const Row& r) {
   return 96 * B * s * l * h * h * (1 + s / (6 * h) + static_cast<double>(vocab) / (16 * l * h));
 }
 
-struct Planned {
-  p::Report report;
-  double seconds = 0;  // to build, partition, lower and simulate
-};
-
-// microbatch_size 0: each device's share of the batch in one pass (a pipelined row: 1 sequence a microbatch).
-Planned plan(const Row& r, const p::HardwareProfile& hw, std::int64_t microbatch_size) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const std::int64_t dp = r.gpus / (r.tp * r.pp), per_pipeline = r.batch / dp;
-  if (r.pp > 1 && microbatch_size == 0) microbatch_size = 1;
-  const int microbatches = microbatch_size > 0 ? static_cast<int>(per_pipeline / microbatch_size) : 1;
-  // Megatron-LM's interleaved schedule, each device's layers in as few chunks as divide them (2, or 3); a
-  // pipelined row is planned with 3 microbatches (interleaved on 2 stages: 4, which they divide) and replayed
-  // with all of them.
-  const std::int64_t per_stage = r.layers / r.pp;
+// The row's plan: data parallelism over what TP and PP leave, tensor parallelism last (inside a node), the
+// pipeline's stages between; Megatron-LM's interleaved schedule, each device's layers in as few chunks as divide
+// them (2, or 3). microbatch_size 0: each device's sequences in one pass (a pipelined row: 1 a microbatch).
+examples::Planned plan(const Row& r, const p::HardwareProfile& hw, std::int64_t microbatch_size) {
+  const std::int64_t dp = r.gpus / (r.tp * r.pp), per_stage = r.layers / r.pp;
   const int chunks = r.pp == 1 ? 1 : per_stage % 2 == 0 ? 2 : per_stage % 3 == 0 ? 3 : 1;
-  const int built = r.pp == 1 ? microbatches : chunks > 1 && r.pp == 2 ? 4 : 3;
-  const std::int64_t batch = r.pp > 1 ? dp * microbatch_size * built : r.batch;
-  const p::nn::Gpt model{{.vocab = vocab, .seq = seq, .d_model = r.hidden, .heads = r.heads, .layers = r.layers}};
-  const p::Program step = p::train_step(
-      [&](p::Tensor t, p::Tensor y) { return model.loss(t, y); }, p::Adam{1e-4},
-      {{"tokens", {batch, seq}, p::DType::i32}, {"targets", {batch, seq}, p::DType::i32}},
-      p::StepOptions{.precision = p::MixedPrecision::with_compute(p::DType::bf16), .remat = p::Remat::blocks(),
-                     .microbatches = built});
-  // Tensor parallelism last: inside a node; the pipeline's stages across nodes.
-  const p::Mesh mesh = r.pp > 1 ? p::Mesh{{"batch", dp}, {"stage", r.pp}, {"model", r.tp}} : p::Mesh{{"batch", dp}, {"model", r.tp}};
   std::string schedule = r.tp > 1 ? "bp,mp" : "bp";
   if (r.pp > 1) schedule += chunks > 1 ? ",pp:interleaved:" + std::to_string(chunks) : ",pp";
-  const p::SpmdProgram spmd = p::lower(p::partition(step, mesh, p::parse_schedule(schedule)));
-  Planned out{r.pp > 1 ? p::simulate_repeated(spmd, hw, microbatches, {.donate_state = true})
-                       : p::simulate(spmd, hw, {.donate_state = true}),
-              0};
-  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return out;
+  return examples::plan_on_cluster(
+      {.model = {.vocab = vocab, .seq = seq, .d_model = r.hidden, .heads = r.heads, .layers = r.layers},
+       .batch = r.batch,
+       .microbatch_size = r.pp > 1 && microbatch_size == 0 ? 1 : microbatch_size,
+       .mesh = r.pp > 1 ? p::Mesh{{"batch", dp}, {"stage", r.pp}, {"model", r.tp}} : p::Mesh{{"batch", dp}, {"model", r.tp}},
+       .schedule = schedule},
+      hw);
 }
 
 }  // namespace
@@ -108,7 +89,7 @@ int main(int argc, char** argv) {
   double worst = 0, first_ratio = 0;
   std::vector<std::pair<double, double>> ranked;  // (predicted, published)
   for (const Row& r : rows) {
-    const Planned planned = plan(r, hw, microbatch_size);
+    const examples::Planned planned = plan(r, hw, microbatch_size);
     const p::Report& rep = planned.report;
     const double predicted = paper_flops(r) / (rep.step_seconds * static_cast<double>(r.gpus)) / 1e12;
     const double error = predicted / r.published_tflops - 1;

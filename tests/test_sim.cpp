@@ -379,6 +379,8 @@ TEST_CASE("simulate_repeated: one microbatch's tasks replayed predict the step t
       CHECK(repeated.model_flops == doctest::Approx(unrolled.model_flops));
       CHECK(repeated.hardware_flops == doctest::Approx(unrolled.hardware_flops));
       CHECK(repeated.flops_dtype == DType::bf16);
+      CHECK(repeated.replayed_microbatches == m);
+      CHECK(repeated.timeline.empty());
       CHECK(static_cast<double>(repeated.peak_bytes) == doctest::Approx(static_cast<double>(unrolled.peak_bytes)).epsilon(0.05));
       for (std::size_t s = 0; s < 2; ++s)
         CHECK(repeated.stages[s].busy_seconds == doctest::Approx(unrolled.stages[s].busy_seconds).epsilon(0.03));

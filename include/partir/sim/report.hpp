@@ -81,6 +81,9 @@ struct Report {
   // The fraction of the step a stage's devices spend waiting, averaged over stages (GPipe's and 1F1B's bubble
   // is (p - 1) / (M + p - 1) when stages take equal time).
   double bubble_fraction = 0;
+  // simulate_repeated: the step's microbatches, replayed from a program of fewer (0: simulated op by op). Such a
+  // report keeps no timeline.
+  int replayed_microbatches = 0;
 
   // Model and hardware FLOPs utilization: the FLOPs over what the peak would do in the step (PaLM's MFU).
   double mfu() const { return step_seconds > 0 && peak_flops > 0 ? model_flops / (step_seconds * peak_flops) : 0; }
@@ -162,7 +165,7 @@ PARTIR_ENTRY json::Value Report::to_json() const {
       list.push_back({{"busy_seconds", st.busy_seconds}, {"wait_seconds", st.wait_seconds},
                       {"finish_seconds", st.finish_seconds}, {"p2p_bytes", st.p2p_bytes},
                       {"peak_bytes", st.peak_bytes}});
-    out["pipeline"] = {{"bubble_fraction", bubble_fraction}, {"stages", list}};
+    out["pipeline"] = {{"bubble_fraction", bubble_fraction}, {"replayed_microbatches", replayed_microbatches}, {"stages", list}};
   }
   return out;
 }
@@ -197,8 +200,10 @@ PARTIR_ENTRY std::ostream& operator<<(std::ostream& os, const Report& r) {
   }
   os << "\n";
   if (!r.stages.empty()) {
-    std::snprintf(line, sizeof line, "  pipeline: %zu stages, bubble %.1f%%\n", r.stages.size(), 100 * r.bubble_fraction);
+    std::snprintf(line, sizeof line, "  pipeline: %zu stages, bubble %.1f%%", r.stages.size(), 100 * r.bubble_fraction);
     os << line;
+    if (r.replayed_microbatches > 0) os << ", " << r.replayed_microbatches << " microbatches replayed from one's tasks";
+    os << "\n";
     for (std::size_t s = 0; s < r.stages.size(); ++s) {
       const auto& st = r.stages[s];
       std::snprintf(line, sizeof line, "    stage %zu: busy %s, waiting %s, sends %s, peak %s\n", s,
@@ -214,6 +219,10 @@ PARTIR_ENTRY std::ostream& operator<<(std::ostream& os, const Report& r) {
                   human_bytes(static_cast<double>(r.peak.bytes[k])).c_str(),
                   human_bytes(static_cast<double>(r.inputs.bytes[k])).c_str());
     os << line;
+  }
+  if (r.replayed_microbatches > 0) {
+    os << "  (a replayed step keeps no timeline: simulate its program for each op and collective)\n";
+    return os;
   }
   const auto collectives = r.collectives();
   os << "  collectives: " << collectives.size() << "\n";

@@ -195,6 +195,18 @@ inline Report simulate_stage(const StagePlan& plan, const HardwareProfile& hw, s
   return r;
 }
 
+// A pipelined step's totals per device: the whole step's work spread over the stages; the bubble, each stage's
+// idle share of the step, averaged.
+inline void spread_over_stages(Report& r) {
+  const auto stages = static_cast<double>(r.stages.size());
+  r.compute_seconds /= stages;
+  r.communication_seconds /= stages;
+  r.flops /= stages;
+  r.wire_bytes /= stages;
+  for (const auto& st : r.stages) r.bubble_fraction += r.step_seconds > 0 ? 1 - st.busy_seconds / r.step_seconds : 0;
+  r.bubble_fraction /= stages;
+}
+
 // A pipelined step: each stage simulated alone, then replayed in the program's order on one clock per stage,
 // where a send's data arrives one link hop after the sender's clock and a recv waits until it has.
 inline Report simulate_pipeline(const ExecutionPlan& plan, const HardwareProfile& hw) {
@@ -259,13 +271,7 @@ inline Report simulate_pipeline(const ExecutionPlan& plan, const HardwareProfile
       r.peak_at = a.peak_at >= 0 ? plan.stages()[static_cast<std::size_t>(s)].original(a.peak_at) : -1;
     }
   }
-  // Per device: the whole step's work is spread over the stages.
-  r.compute_seconds /= stages;
-  r.communication_seconds /= stages;
-  r.flops /= stages;
-  r.wire_bytes /= stages;
-  for (const auto& st : r.stages) r.bubble_fraction += r.step_seconds > 0 ? 1 - st.busy_seconds / r.step_seconds : 0;
-  r.bubble_fraction /= stages;
+  spread_over_stages(r);
   return r;
 }
 
@@ -470,6 +476,7 @@ PARTIR_ENTRY Report simulate_repeated(const ExecutionPlan& plan, const HardwareP
   r.profile = hw.name;
   r.mesh = p.mesh();
   r.memory_capacity = hw.memory_capacity;
+  r.replayed_microbatches = microbatches;
   r.stages.resize(static_cast<std::size_t>(pp.stages));
   const double m = microbatches;
   for (std::size_t s = 0; s < r.stages.size(); ++s) {
@@ -494,14 +501,7 @@ PARTIR_ENTRY Report simulate_repeated(const ExecutionPlan& plan, const HardwareP
       r.inputs = alone[s].inputs;
     }
   }
-  // Per device, as simulate() counts a pipelined step: the whole step's work spread over the stages.
-  const double stages = pp.stages;
-  r.compute_seconds /= stages;
-  r.communication_seconds /= stages;
-  r.flops /= stages;
-  r.wire_bytes /= stages;
-  for (const auto& st : r.stages) r.bubble_fraction += r.step_seconds > 0 ? 1 - st.busy_seconds / r.step_seconds : 0;
-  r.bubble_fraction /= stages;
+  detail::spread_over_stages(r);
   detail::count_gemm_flops(p, hw, r);
   r.model_flops *= m / pp.microbatches;  // GEMMs run in the microbatches' tasks only
   r.hardware_flops *= m / pp.microbatches;
