@@ -300,7 +300,7 @@ inline void count_gemm_flops(const SpmdProgram& p, const HardwareProfile& hw, Re
   r.peak_flops = peak == hw.peak_flops.end() ? 0 : peak->second;
 }
 
-// One microbatch's tasks on each stage (simulate_repeated): times, sends and the activations they hold.
+// One microbatch's tasks on each stage (simulate_repeated): their times, their sends, the buffers they hold.
 struct MicrobatchTasks {
   struct Totals {  // a stage's, as Report counts them
     double compute = 0, communication = 0, flops = 0, wire_bytes = 0, p2p_bytes = 0;
@@ -386,7 +386,7 @@ inline MicrobatchTasks microbatch_tasks(const ExecutionPlan& plan, const Hardwar
   return out;
 }
 
-// Each stage's clock, busy time and most activations held when the schedule's tasks for m microbatches run.
+// Each stage's clock, busy time and most bytes held past their task when the schedule's tasks for m microbatches run.
 struct TaskReplay {
   std::vector<double> finish, busy, most_held;  // most_held: of the buffers that outlive their task
 };
