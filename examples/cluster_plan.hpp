@@ -19,6 +19,10 @@ struct ClusterPlan {
   std::string schedule = "bp";  // parse_schedule's text; bp on "batch", mp on "model", pp on "stage"
   partir::DType compute = partir::DType::bf16;
   partir::Remat remat = partir::Remat::blocks();
+
+  std::int64_t replicas() const { return mesh.has_axis("batch") ? mesh.axis_size("batch") : 1; }  // data parallel
+  std::int64_t per_replica() const { return batch / replicas(); }
+  bool has_pipeline() const { return schedule.find("pp") != std::string::npos; }
 };
 
 struct Planned {
@@ -30,14 +34,12 @@ struct Planned {
 inline Planned plan_on_cluster(const ClusterPlan& c, const partir::HardwareProfile& hw) {
   namespace p = partir;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::int64_t replicas = c.mesh.has_axis("batch") ? c.mesh.axis_size("batch") : 1;
-  const std::int64_t per_replica = c.batch / replicas;
-  const int microbatches = c.microbatch_size > 0 ? static_cast<int>(per_replica / c.microbatch_size) : 1;
-  const bool pipelined = c.schedule.find("pp") != std::string::npos && microbatches > 3;
+  const int microbatches = c.microbatch_size > 0 ? static_cast<int>(c.per_replica() / c.microbatch_size) : 1;
+  const bool pipelined = c.has_pipeline() && microbatches > 3;
   const std::int64_t stages = c.mesh.has_axis("stage") ? c.mesh.axis_size("stage") : 1;
   const bool interleaved = c.schedule.find("pp:interleaved:") != std::string::npos;
   const int built = !pipelined ? microbatches : interleaved && stages < 3 ? static_cast<int>(2 * stages) : 3;
-  const std::int64_t batch = pipelined ? replicas * c.microbatch_size * built : c.batch;
+  const std::int64_t batch = pipelined ? c.replicas() * c.microbatch_size * built : c.batch;
   const p::nn::Gpt model{c.model};
   p::StepOptions options{.remat = c.remat, .microbatches = built};
   if (c.compute != p::DType::f32) options.precision = p::MixedPrecision::with_compute(c.compute);

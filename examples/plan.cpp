@@ -35,10 +35,8 @@ void suggest(const examples::ClusterPlan& c, const p::HardwareProfile& hw, const
       k.schedule += std::string(",") + zero;
       changes.emplace_back("--schedule " + k.schedule, k);
     }
-  const std::int64_t per_replica = c.batch / (c.mesh.has_axis("batch") ? c.mesh.axis_size("batch") : 1);
-  const bool pipelined = c.schedule.find("pp") != std::string::npos;
-  for (std::int64_t size = (c.microbatch_size > 0 ? c.microbatch_size : per_replica) / 2; size >= 1; size /= 2) {
-    if (!pipelined && per_replica / size > 8) break;  // unrolled: the program grows with the microbatches
+  for (std::int64_t size = (c.microbatch_size > 0 ? c.microbatch_size : c.per_replica()) / 2; size >= 1; size /= 2) {
+    if (!c.has_pipeline() && c.per_replica() / size > 8) break;  // unrolled: the program grows with the microbatches
     auto k = c;
     k.microbatch_size = size;
     changes.emplace_back("--microbatch-size " + std::to_string(size), k);
